@@ -1,0 +1,80 @@
+//! Typed errors. Bytes from disk that fail validation are `Corrupted`; a broken
+//! internal invariant is a bug and panics instead.
+
+use std::io;
+
+/// Everything that can go wrong in a cambium operation.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An operating-system I/O error.
+    #[error("I/O error: {0}")]
+    Io(#[from] io::Error),
+    /// Stored bytes failed a checksum or a structural check.
+    #[error("corruption in {what}: {detail}")]
+    Corrupted {
+        /// Which structure: "node", "superblock", "wal", "extent", "metadata", ...
+        what: &'static str,
+        /// Where and how.
+        detail: String,
+    },
+    /// The directory does not hold a cambium store.
+    #[error("{0} is not a cambium store (no superblock)")]
+    NotAStore(String),
+    /// The directory does not exist.
+    #[error("store directory {0} does not exist")]
+    MissingStore(String),
+    /// `create` on a directory that already holds a store.
+    #[error("{0} already holds a cambium store")]
+    AlreadyExists(String),
+    /// The store was written by an incompatible format version.
+    #[error("unsupported format version {found} (this build reads version {supported})")]
+    FormatVersion {
+        /// The version found on disk.
+        found: u32,
+        /// The version this build understands.
+        supported: u32,
+    },
+    /// A key longer than [`crate::MAX_KEY_LEN`] or empty.
+    #[error("key of {len} bytes is invalid (keys are 1..={max} bytes)")]
+    KeyTooLarge {
+        /// The key's length.
+        len: usize,
+        /// The largest allowed key.
+        max: usize,
+    },
+    /// A value longer than [`crate::MAX_VALUE_LEN`].
+    #[error("value of {len} bytes is too large (max {max})")]
+    ValueTooLarge {
+        /// The value's length.
+        len: usize,
+        /// The largest allowed value.
+        max: usize,
+    },
+    /// No version (branch or snapshot) of that name.
+    #[error("no version named {0:?}")]
+    VersionNotFound(String),
+    /// A write to a read-only store handle or version.
+    #[error("read-only: {0}")]
+    ReadOnly(String),
+    /// A bad argument to an API call.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// An earlier I/O error left memory and disk possibly disagreeing; the store
+    /// refuses further writes until it is reopened (committed data is safe on disk).
+    #[error("store is poisoned by an earlier I/O error ({0}); reopen it")]
+    Poisoned(String),
+}
+
+/// `Result` with cambium's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn corrupted(what: &'static str, detail: impl Into<String>) -> Self {
+        Error::Corrupted { what, detail: detail.into() }
+    }
+
+    /// Whether this error means stored bytes failed validation.
+    pub fn is_corruption(&self) -> bool {
+        matches!(self, Error::Corrupted { .. })
+    }
+}

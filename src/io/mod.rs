@@ -1,0 +1,58 @@
+//! The I/O layer: a store is a directory of files, reached only through [`Vfs`].
+//!
+//! Everything above this layer names files by a plain file name inside the store
+//! directory and never touches `std::fs` directly, so tests can swap the real file
+//! system ([`StdVfs`]) for the simulated one in [`sim`], which loses unsynced writes,
+//! tears the last one and injects I/O errors on demand.
+//!
+//! Durability contract (what the engine assumes of every backend, and what `SimVfs`
+//! enforces):
+//! - data written to a file is durable only after `VFile::sync` returns;
+//! - creating, renaming or removing a file is durable only after `Vfs::sync_dir`;
+//! - a write that was not synced may be lost entirely or partially (torn at any
+//!   512-byte boundary); writes that were synced are never lost or torn.
+
+pub mod sim;
+mod std_vfs;
+
+pub use std_vfs::StdVfs;
+
+use std::io;
+use std::sync::Arc;
+
+/// One open file of the store directory. Positional I/O only, so one handle can be
+/// shared by many threads without a seek position.
+pub trait VFile: Send + Sync {
+    /// Reads exactly `buf.len()` bytes at `offset`; a short file is an
+    /// `UnexpectedEof` error.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Writes all of `buf` at `offset`, growing the file if needed.
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Makes every write issued so far durable (fdatasync).
+    fn sync(&self) -> io::Result<()>;
+    /// The current length of the file, as seen by this process.
+    fn len(&self) -> io::Result<u64>;
+    /// Truncates or extends the file.
+    fn set_len(&self, len: u64) -> io::Result<()>;
+}
+
+/// A directory of files: the store.
+pub trait Vfs: Send + Sync {
+    /// Opens an existing file for reading and writing.
+    fn open(&self, name: &str) -> io::Result<Arc<dyn VFile>>;
+    /// Creates a new file; fails with `AlreadyExists` if it exists.
+    fn create(&self, name: &str) -> io::Result<Arc<dyn VFile>>;
+    /// Removes a file.
+    fn remove(&self, name: &str) -> io::Result<()>;
+    /// Renames a file, replacing `to` if it exists.
+    fn rename(&self, from: &str, to: &str) -> io::Result<()>;
+    /// Whether a file exists.
+    fn exists(&self, name: &str) -> io::Result<bool>;
+    /// The names of every file in the directory, in no particular order.
+    fn list(&self) -> io::Result<Vec<String>>;
+    /// Makes file creations, renames and removals durable.
+    fn sync_dir(&self) -> io::Result<()>;
+    /// Takes the store's process lock: exclusive for a writable open, shared for a
+    /// read-only one. Held until the returned guard is dropped.
+    fn lock(&self, exclusive: bool) -> io::Result<Box<dyn Send + Sync>>;
+}

@@ -1,0 +1,1 @@
+//! Simulated file system for crash and fault tests (in progress).

@@ -1,0 +1,98 @@
+//! The real file system backend: one directory, positional I/O, fdatasync.
+
+use super::{VFile, Vfs};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The store directory on the real file system.
+#[derive(Debug, Clone)]
+pub struct StdVfs {
+    dir: PathBuf,
+}
+
+impl StdVfs {
+    /// A backend rooted at `dir`, which must exist.
+    pub fn new(dir: impl AsRef<Path>) -> Self {
+        StdVfs { dir: dir.as_ref().to_path_buf() }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+}
+
+struct StdFile(File);
+
+impl VFile for StdFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.0.read_exact_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.0.write_all_at(buf, offset)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+}
+
+impl Vfs for StdVfs {
+    fn open(&self, name: &str) -> io::Result<Arc<dyn VFile>> {
+        let file = OpenOptions::new().read(true).write(true).open(self.path(name))?;
+        Ok(Arc::new(StdFile(file)))
+    }
+    fn create(&self, name: &str) -> io::Result<Arc<dyn VFile>> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(self.path(name))?;
+        Ok(Arc::new(StdFile(file)))
+    }
+    fn remove(&self, name: &str) -> io::Result<()> {
+        std::fs::remove_file(self.path(name))
+    }
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        std::fs::rename(self.path(from), self.path(to))
+    }
+    fn exists(&self, name: &str) -> io::Result<bool> {
+        self.path(name).try_exists()
+    }
+    fn list(&self) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            if let Some(name) = entry?.file_name().to_str() {
+                names.push(name.to_owned());
+            }
+        }
+        Ok(names)
+    }
+    fn sync_dir(&self) -> io::Result<()> {
+        File::open(&self.dir)?.sync_all()
+    }
+    fn lock(&self, exclusive: bool) -> io::Result<Box<dyn Send + Sync>> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(self.path("LOCK"))?;
+        let taken = if exclusive { file.try_lock() } else { file.try_lock_shared() };
+        match taken {
+            Ok(()) => Ok(Box::new(file)),
+            Err(std::fs::TryLockError::WouldBlock) => Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                "the store is in use by another process",
+            )),
+            Err(std::fs::TryLockError::Error(e)) => Err(e),
+        }
+    }
+}

@@ -1,0 +1,60 @@
+//! cambium: an embedded, crash-safe, copy-on-write versioned storage engine.
+//!
+//! A store is a directory. It holds a catalog of named versions (one branch, `main`,
+//! to begin with), each a copy-on-write B+tree of byte-string keys and values.
+//! Writes go through atomic transactions logged to a write-ahead log; a checkpoint
+//! writes dirty tree nodes bottom-up into append-only segments and then flips the
+//! superblock.
+//!
+//! ```
+//! # fn main() -> cambium::Result<()> {
+//! let dir = tempfile::tempdir()?;
+//! let store = cambium::Store::create(dir.path().join("db"))?;
+//!
+//! let mut txn = store.begin_write()?;
+//! txn.put(b"apple", b"red")?;
+//! txn.put(b"banana", b"yellow")?;
+//! txn.commit()?; // durable when it returns
+//!
+//! let read = store.read()?;
+//! assert_eq!(read.get(b"apple")?, Some(b"red".to_vec()));
+//! let keys: Vec<Vec<u8>> = read.range(..)?.map(|kv| kv.map(|(k, _)| k)).collect::<Result<_, _>>()?;
+//! assert_eq!(keys, vec![b"apple".to_vec(), b"banana".to_vec()]);
+//! # Ok(()) }
+//! ```
+
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+mod btree;
+mod cache;
+mod catalog;
+mod checkpoint;
+mod error;
+mod format;
+pub mod io;
+mod space;
+mod stats;
+mod store;
+mod superblock;
+mod txn;
+mod verify;
+mod wal;
+
+pub use error::{Error, Result};
+pub use stats::Stats;
+pub use store::{Durability, Options, Store};
+pub use txn::{Iter, ReadTxn, WriteTxn};
+pub use verify::VerifyReport;
+
+/// The on-disk format version this build reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+/// The longest key, in bytes.
+pub const MAX_KEY_LEN: usize = 2048;
+/// The longest value, in bytes (values above [`INLINE_VALUE_MAX`] live in their own extent).
+pub const MAX_VALUE_LEN: usize = 1 << 30;
+/// Values longer than this are written once into an extent of their own, out of the
+/// tree nodes and out of the WAL.
+pub const INLINE_VALUE_MAX: usize = 1024;
+/// The name of the branch every store starts with.
+pub const MAIN_BRANCH: &str = "main";
