@@ -1,0 +1,102 @@
+//! Deterministic key/value generation and the engine interface the workloads drive.
+
+use std::path::Path;
+
+/// Key size used by redb's comparative benchmark.
+pub const KEY_SIZE: usize = 24;
+/// Value size used by redb's comparative benchmark.
+pub const VALUE_SIZE: usize = 150;
+
+pub type Key = [u8; KEY_SIZE];
+pub type Value = [u8; VALUE_SIZE];
+
+/// Seed of the main key stream (bulk load, reads, range reads, removals).
+pub const SEED_MAIN: u64 = 3;
+/// Seed of the keys inserted by the individual-writes workload.
+pub const SEED_INDIVIDUAL: u64 = 0x1d1d_0000_0000_0001;
+/// Seed of the keys inserted by the batch-writes workload.
+pub const SEED_BATCH: u64 = 0xba7c_0000_0000_0002;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+pub type Res<T> = std::result::Result<T, BoxError>;
+
+/// splitmix64: tiny, fast, good enough for benchmark keys, no dependency.
+#[derive(Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    #[inline]
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    #[inline]
+    pub fn fill(&mut self, buf: &mut [u8]) {
+        let mut chunks = buf.chunks_exact_mut(8);
+        for c in &mut chunks {
+            c.copy_from_slice(&self.next_u64().to_le_bytes());
+        }
+        let rest = chunks.into_remainder();
+        if !rest.is_empty() {
+            let v = self.next_u64().to_le_bytes();
+            let n = rest.len();
+            rest.copy_from_slice(&v[..n]);
+        }
+    }
+
+    /// The next random (key, value) pair, like redb's `random_pair`.
+    #[inline]
+    pub fn pair(&mut self) -> (Key, Value) {
+        let mut k = [0u8; KEY_SIZE];
+        let mut v = [0u8; VALUE_SIZE];
+        self.fill(&mut k);
+        self.fill(&mut v);
+        (k, v)
+    }
+}
+
+/// `count` pairs from the stream seeded with `seed`. Generated lazily, inside the
+/// timed loops (as redb's benchmark does).
+pub fn pairs(seed: u64, count: u64) -> impl Iterator<Item = (Key, Value)> {
+    let mut rng = Rng::new(seed);
+    (0..count).map(move |_| rng.pair())
+}
+
+/// One benchmarked engine. Every write method is one durable transaction.
+pub trait Engine: Sized {
+    const NAME: &'static str;
+
+    /// Create a fresh database inside the (empty, existing) directory `dir`.
+    fn create(dir: &Path) -> Res<Self>;
+
+    /// One write transaction inserting every pair, committed durably.
+    fn insert_txn(&mut self, pairs: impl Iterator<Item = (Key, Value)>) -> Res<()>;
+
+    /// One write transaction removing every key, committed durably. Returns how many existed.
+    fn remove_txn(&mut self, keys: impl Iterator<Item = Key>) -> Res<u64>;
+
+    /// Point gets of existing keys, each checked against its expected value, in one
+    /// read transaction. Returns the sum of value lengths.
+    fn read_txn(&mut self, pairs: impl Iterator<Item = (Key, Value)>) -> Res<u64>;
+
+    /// For each key, a range scan starting at it reading up to `len` entries, in one
+    /// read transaction. Returns the sum of key+value lengths read.
+    fn range_txn(&mut self, keys: impl Iterator<Item = Key>, len: usize) -> Res<u64>;
+
+    /// Make everything durable and compact-free-state on disk, then close (cambium:
+    /// checkpoint + close; redb: drop; LMDB: close the environment).
+    fn close(self) -> Res<()>;
+
+    /// Engine-specific notes printed to stderr before `close` (e.g. cambium's stats).
+    fn describe(&self) -> Option<String> {
+        None
+    }
+}
