@@ -1,0 +1,150 @@
+//! Command-line syntax (clap derive).
+
+use super::error::EXIT_CODES_HELP;
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+/// cambium: an embedded, crash-safe, copy-on-write versioned key-value store.
+///
+/// A store is a directory. Keys and values are UTF-8 text on the command line and on
+/// stdin unless --hex is given; output prints them back the same way (text is printed
+/// raw, so a value holding a tab or newline is printed as it is: use --hex or --json
+/// when that matters).
+#[derive(Debug, Parser)]
+#[command(name = "cambium", version, after_help = EXIT_CODES_HELP)]
+pub struct Cli {
+    /// Keys and values are hex digits: read them (arguments and batch stdin) as hex
+    /// and print them as hex.
+    #[arg(long, global = true)]
+    pub hex: bool,
+
+    /// Print output as JSON (one object per line for scan and batch).
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create a new, empty store in DIR (created if missing).
+    Init {
+        /// The store directory.
+        dir: PathBuf,
+    },
+    /// Set KEY to VALUE in one durable transaction.
+    Put {
+        /// The store directory.
+        dir: PathBuf,
+        /// The key (1 to 2048 bytes).
+        key: String,
+        /// The value (up to 1 GiB).
+        value: String,
+        /// The branch to write to.
+        #[arg(long, short, value_name = "B", default_value = cambium::MAIN_BRANCH)]
+        branch: String,
+    },
+    /// Print KEY's value (and a newline); exit 1 if the key is absent.
+    Get {
+        /// The store directory.
+        dir: PathBuf,
+        /// The key.
+        key: String,
+        /// Read this version (branch or snapshot) instead of main.
+        #[arg(long, value_name = "VERSION")]
+        at: Option<String>,
+    },
+    /// Delete KEY in one durable transaction; exit 1 if it did not exist.
+    #[command(alias = "delete")]
+    Del {
+        /// The store directory.
+        dir: PathBuf,
+        /// The key.
+        key: String,
+        /// The branch to write to.
+        #[arg(long, short, value_name = "B", default_value = cambium::MAIN_BRANCH)]
+        branch: String,
+    },
+    /// Print key/value pairs in key order, one `key<TAB>value` line each.
+    Scan(ScanArgs),
+    /// Apply put/del operations read from stdin, one per line.
+    ///
+    /// Each line is `put<TAB>key<TAB>value` or `del<TAB>key`; blank lines are skipped
+    /// and a trailing CR is dropped. All operations form one transaction, unless
+    /// --commit-every N is given: then every N operations are committed durably and
+    /// `committed <ops-so-far>` is printed after each commit returns. At the end the
+    /// rest is committed and `committed <total>` is printed. A malformed line
+    /// (unknown operation, wrong number of fields, bad hex, empty or oversized key)
+    /// stops the batch with an error naming the line and exit code 3; the operations
+    /// of the transaction in progress are not committed (earlier commits stay).
+    Batch {
+        /// The store directory.
+        dir: PathBuf,
+        /// The branch to write to.
+        #[arg(long, short, value_name = "B", default_value = cambium::MAIN_BRANCH)]
+        branch: String,
+        /// Commit (durably) after every N operations.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        commit_every: Option<u64>,
+    },
+    /// Write everything committed so far into the tree files and trim the WAL.
+    Checkpoint {
+        /// The store directory.
+        dir: PathBuf,
+    },
+    /// Print sizes, node counts, tree depth, segments, live/dead bytes, cache hit
+    /// rate and WAL size.
+    Stats {
+        /// The store directory.
+        dir: PathBuf,
+    },
+    /// Check the whole store (fsck): every node, extent and WAL record.
+    ///
+    /// Exits 0 when the store is clean, 4 with a report when problems were found
+    /// (including a store too damaged to open).
+    Verify {
+        /// The store directory.
+        dir: PathBuf,
+    },
+    /// A guided tour: create a store in a temporary directory, load data, read it
+    /// back, show stats, verify it, and explain each step.
+    Tour {
+        /// Keys to load.
+        #[arg(long, value_name = "N", default_value_t = 100_000,
+              value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+        keys: u64,
+        /// Keep the store directory afterwards (its path is printed).
+        #[arg(long)]
+        keep: bool,
+    },
+}
+
+/// `scan` arguments.
+#[derive(Debug, Args)]
+pub struct ScanArgs {
+    /// The store directory.
+    pub dir: PathBuf,
+    /// Read this version (branch or snapshot) instead of main.
+    #[arg(long, value_name = "VERSION")]
+    pub at: Option<String>,
+    /// Only keys starting with P.
+    #[arg(long, value_name = "P", conflicts_with = "from")]
+    pub prefix: Option<String>,
+    /// Start at key K (inclusive).
+    #[arg(long, value_name = "K")]
+    pub from: Option<String>,
+    /// Stop before key K (exclusive).
+    #[arg(long, value_name = "K")]
+    pub to: Option<String>,
+    /// Print in descending key order.
+    #[arg(long)]
+    pub reverse: bool,
+    /// Print at most N pairs.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<u64>,
+    /// Print only the keys (out-of-line values are never read).
+    #[arg(long)]
+    pub keys_only: bool,
+}

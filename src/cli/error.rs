@@ -1,0 +1,110 @@
+//! The CLI's error type and its exit codes.
+
+use std::fmt;
+
+/// Success.
+pub const EXIT_OK: i32 = 0;
+/// A key, or a version (branch/snapshot), was not found.
+pub const EXIT_NOT_FOUND: i32 = 1;
+/// A usage error: bad flags or arguments (clap uses this code too).
+pub const EXIT_USAGE: i32 = 2;
+/// Any other failure: bad input data (malformed batch lines, invalid keys), a missing
+/// or unreadable store, an unsupported format version, I/O errors.
+pub const EXIT_FAILURE: i32 = 3;
+/// `verify` found problems (it prints a report).
+pub const EXIT_VERIFY_PROBLEMS: i32 = 4;
+/// The store failed a checksum or structural check while it was being used.
+pub const EXIT_CORRUPTED: i32 = 5;
+
+/// The text appended to `--help`, documenting the exit codes.
+pub const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0  success
+  1  key or version (branch) not found
+  2  usage error (bad flags or arguments, bad hex in an argument)
+  3  other errors: bad input data (malformed batch line, empty or oversized key),
+     missing store, not a store, unsupported format version, store in use, I/O errors
+  4  verify found problems
+  5  the store is corrupted (a checksum or structure check failed)";
+
+/// A failure to report: a one-line message on stderr and an exit code.
+#[derive(Debug)]
+pub struct CliError {
+    /// The process exit code.
+    pub code: i32,
+    /// A one-line message (empty: exit quietly).
+    pub msg: String,
+}
+
+impl CliError {
+    /// An error with this exit code and message.
+    pub fn new(code: i32, msg: impl Into<String>) -> Self {
+        CliError {
+            code,
+            msg: one_line(msg.into()),
+        }
+    }
+
+    /// Exit 1: a key or version was not found.
+    pub fn not_found(msg: impl Into<String>) -> Self {
+        Self::new(EXIT_NOT_FOUND, msg)
+    }
+
+    /// Exit 2: a usage error found after argument parsing.
+    pub fn usage(msg: impl Into<String>) -> Self {
+        Self::new(EXIT_USAGE, msg)
+    }
+
+    /// Exit 3: bad input data or another failure.
+    pub fn failure(msg: impl Into<String>) -> Self {
+        Self::new(EXIT_FAILURE, msg)
+    }
+
+    /// The reader of our stdout went away (e.g. `cambium scan ... | head`): stop
+    /// quietly, like other Unix tools do.
+    pub fn broken_pipe() -> Self {
+        CliError {
+            code: EXIT_OK,
+            msg: String::new(),
+        }
+    }
+}
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.msg)
+    }
+}
+
+/// The exit code for a library error.
+pub fn exit_code_for(e: &cambium::Error) -> i32 {
+    match e {
+        cambium::Error::VersionNotFound(_) => EXIT_NOT_FOUND,
+        cambium::Error::Corrupted { .. } => EXIT_CORRUPTED,
+        _ => EXIT_FAILURE,
+    }
+}
+
+impl From<cambium::Error> for CliError {
+    fn from(e: cambium::Error) -> Self {
+        CliError::new(exit_code_for(&e), e.to_string())
+    }
+}
+
+/// An error writing our own output.
+pub fn output_error(e: std::io::Error) -> CliError {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        CliError::broken_pipe()
+    } else {
+        CliError::failure(format!("writing output: {e}"))
+    }
+}
+
+/// Keeps a message on one line.
+fn one_line(msg: String) -> String {
+    if msg.contains(['\n', '\r']) {
+        msg.replace("\r\n", " ").replace(['\n', '\r'], " ")
+    } else {
+        msg
+    }
+}

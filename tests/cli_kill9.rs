@@ -1,0 +1,171 @@
+//! Process-level crash test: `cambium batch --commit-every 100` is killed with SIGKILL
+//! at arbitrary points while stdin is still streaming. Afterwards the store must hold
+//! exactly the operations of a whole number of commits (a prefix of the input ending
+//! on a commit boundary), at least every commit the process acknowledged on stdout,
+//! with the right values, and `cambium verify` must pass. Each round continues on the
+//! store the previous round crashed, so recovery of a recovered store is exercised too.
+
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+const BIN: &str = env!("CARGO_BIN_EXE_cambium");
+const COMMIT_EVERY: u64 = 100;
+const OPS_PER_ROUND: u64 = 200_000;
+
+fn key(i: u64) -> String {
+    format!("key{i:09}")
+}
+
+/// Values of varied sizes; every 97th is larger than 1 KiB and so stored out of line.
+fn value(i: u64) -> String {
+    let pad = if i.is_multiple_of(97) { 1500 } else { (i % 40) as usize };
+    format!("v{i}-{}", "x".repeat(pad))
+}
+
+/// A small deterministic generator for the kill points (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+}
+
+/// Reads the whole store with `cambium scan`, as (key, value) lines.
+fn scan(dir: &Path) -> Vec<(String, String)> {
+    let out = Command::new(BIN)
+        .args(["scan", dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "scan failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (k, v) = l.split_once('\t').expect("key<TAB>value");
+            (k.to_string(), v.to_string())
+        })
+        .collect()
+}
+
+fn verify(dir: &Path) {
+    let out = Command::new(BIN)
+        .args(["verify", dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "verify after a crash failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// One round: feeds ops `start..start + OPS_PER_ROUND`, kills the writer after it has
+/// acknowledged `kill_after` commits, and returns the number of acknowledged ops.
+fn crash_round(dir: &Path, start: u64, kill_after: u64) -> u64 {
+    let mut child = Command::new(BIN)
+        .args([
+            "batch",
+            dir.to_str().unwrap(),
+            "--commit-every",
+            &COMMIT_EVERY.to_string(),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn cambium batch");
+    let stdin = child.stdin.take().unwrap();
+    let feeder = std::thread::spawn(move || {
+        let mut w = BufWriter::new(stdin);
+        for i in start..start + OPS_PER_ROUND {
+            // Fails with a broken pipe once the child is killed: stop then.
+            if writeln!(w, "put\t{}\t{}", key(i), value(i)).is_err() {
+                return;
+            }
+        }
+        let _ = w.flush();
+    });
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut acked = 0;
+    let mut seen = 0;
+    while seen < kill_after {
+        let line = match lines.next() {
+            Some(Ok(l)) => l,
+            other => panic!(
+                "batch ended before it was killed ({other:?}, after {seen} commits): {:?}",
+                child.wait()
+            ),
+        };
+        let n: u64 = line
+            .strip_prefix("committed ")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected batch output {line:?}"));
+        seen += 1;
+        assert_eq!(n, seen * COMMIT_EVERY, "acknowledgements count ops so far");
+        acked = n;
+    }
+    child.kill().expect("SIGKILL the batch"); // SIGKILL on Unix
+    let status = child.wait().unwrap();
+    assert!(!status.success(), "the batch was killed, not finished");
+    feeder.join().unwrap();
+    acked
+}
+
+#[test]
+fn kill9_during_batch_keeps_a_committed_prefix() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    let init = Command::new(BIN)
+        .args(["init", dir.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(init.success());
+
+    let seed = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
+    eprintln!("kill9 seed {seed}");
+    let mut rng = Rng(seed);
+
+    let mut present = 0; // keys 0..present are in the store
+    for round in 0..3 {
+        // Kill early, mid-way or late in a window of 1..=60 acknowledged commits.
+        let kill_after = 1 + round * 20 + rng.below(20);
+        let acked = crash_round(&dir, present, kill_after);
+
+        let pairs = scan(&dir);
+        let m = pairs.len() as u64;
+        assert!(
+            m >= present + acked,
+            "round {round} (seed {seed}): {m} keys present, but {present} + {acked} were acknowledged"
+        );
+        assert_eq!(
+            (m - present) % COMMIT_EVERY,
+            0,
+            "round {round} (seed {seed}): {m} keys is not on a commit boundary after {present}"
+        );
+        for (i, (k, v)) in pairs.iter().enumerate() {
+            let i = i as u64;
+            assert_eq!(k, &key(i), "round {round} (seed {seed}): keys are a prefix");
+            assert_eq!(v, &value(i), "round {round} (seed {seed}): value of {k}");
+        }
+        verify(&dir);
+        present = m;
+    }
+    assert!(present >= 3 * COMMIT_EVERY);
+}
