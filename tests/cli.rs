@@ -604,3 +604,38 @@ fn tour_runs() {
     assert_eq!(v["verify"]["problems"], serde_json::json!([]));
     assert!(!Path::new(v["dir"].as_str().unwrap()).exists());
 }
+
+#[test]
+fn wrong_format_version_exits_3() {
+    let t = TestStore::new();
+    t.put("a", "1");
+    ok(t.run("checkpoint", &[]));
+    t.put("b", "2");
+    ok(t.run("checkpoint", &[]));
+    // The superblock file holds two 4 KiB slots; each starts with the magic
+    // "CAMBIUM\0" and then the format version, a little-endian u32 at offset 8
+    // (src/superblock.rs, docs/FORMAT.md).
+    let path = t.dir.join("superblock");
+    let mut sb = std::fs::read(&path).unwrap();
+    assert!(sb.len() >= 8192, "superblock is {} bytes", sb.len());
+    let mut patched = 0;
+    for slot in [0, 4096] {
+        if &sb[slot..slot + 8] == b"CAMBIUM\0" {
+            assert_eq!(sb[slot + 8..slot + 12], 1u32.to_le_bytes());
+            sb[slot + 8..slot + 12].copy_from_slice(&2u32.to_le_bytes());
+            patched += 1;
+        }
+    }
+    assert_eq!(patched, 2, "both slots were written by the two checkpoints");
+    std::fs::write(&path, &sb).unwrap();
+    for args in [
+        vec!["get", t.d(), "a"],
+        vec!["put", t.d(), "c", "3"],
+        vec!["scan", t.d()],
+        vec!["stats", t.d()],
+        vec!["verify", t.d()],
+    ] {
+        let err = fails(run(&args), 3, "format version");
+        assert!(err.contains('2'), "{err}");
+    }
+}
