@@ -765,7 +765,7 @@ mod tests {
             assert_eq!(&got[..100], &[1u8; 100][..]);
             let kept = got.len() - 100;
             assert!(
-                kept == 2000 || kept % SECTOR == 0,
+                kept == 2000 || kept.is_multiple_of(SECTOR),
                 "seed {seed}: kept {kept}"
             );
             assert_eq!(&got[100..], &data[..kept], "seed {seed}");
