@@ -1,1 +1,308 @@
-//! (in progress)
+//! The checkpoint: the IBT flush (paper 004, algorithm 1) plus the two-phase commit of
+//! the superblock.
+//!
+//! 1. Freeze (under the writer lock, briefly): take the writer's roots and the space
+//!    delta of the interval, bump the epoch so later writes copy frozen nodes instead
+//!    of editing them, and rotate the WAL so later commits go to the next generation.
+//! 2. Write, while commits go on: collect the dirty nodes reachable from the frozen
+//!    roots into one list per level, then write the levels bottom-up, leaves first,
+//!    each node exactly once, packed into large sequential appends. A node's new
+//!    address lands in the node itself (`disk`), where its dirty parent, written in the
+//!    next level, picks it up.
+//! 3. Write the metadata blob (catalog with the new roots, usage table, reference
+//!    counts), fsync the segments, then write the superblock into the other slot and
+//!    fsync it. The checkpoint is durable now and not before.
+//! 4. After: the WAL generations it covers are deleted; segments it emptied are
+//!    deleted once no reader view can reach them. Space freed in this interval is
+//!    reused only now, after the checkpoint that frees it is durable.
+//!
+//! Crash analysis: before step 3's superblock fsync, recovery uses the previous
+//! superblock and replays both WAL generations (the rotated one is fsynced at
+//! freeze); the nodes written so far are unreferenced garbage in a segment. A torn
+//! superblock slot fails its checksum and the other slot is used. After it, the new
+//! superblock is used and replays from the new generation.
+
+use crate::btree::node::{Body, Child, Node};
+use crate::catalog::{Catalog, Meta};
+use crate::error::Result;
+use crate::format::{crc, len_u32, Addr, BlockRef, Lsn, SegmentId};
+use crate::space::{apply_delta, SpaceDelta};
+use crate::store::{lock, Shared, WriterState};
+use crate::superblock::{Superblock, SuperblockFile};
+use crate::txn::View;
+use crate::wal;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+/// Appends are issued in chunks of about this size: large enough to be sequential
+/// bandwidth, small enough not to double a big checkpoint's memory.
+const WRITE_CHUNK_BYTES: usize = 4 << 20;
+
+/// What a freeze captured.
+struct Frozen {
+    catalog: Catalog,
+    lsn: Lsn,
+    delta: SpaceDelta,
+    next_wal_gen: u64,
+    /// Segments at or above this id may hold blocks written after the freeze.
+    first_unsafe_segment: SegmentId,
+}
+
+/// Runs a checkpoint. `held` is the writer state when the caller already holds the
+/// writer lock (a large transaction committing by checkpoint); otherwise the lock is
+/// taken just for the freeze.
+pub(crate) fn run(shared: &Shared, held: Option<&mut WriterState>) -> Result<()> {
+    let result = match held {
+        Some(w) => {
+            let mut durable = lock(&shared.durable);
+            let frozen = freeze(shared, w)?;
+            write(shared, &mut durable, frozen)
+        }
+        None => {
+            let mut w = shared.lock_writer();
+            let mut durable = lock(&shared.durable);
+            let frozen = freeze(shared, &mut w);
+            drop(w);
+            frozen.and_then(|frozen| write(shared, &mut durable, frozen))
+        }
+    };
+    match result {
+        Ok(()) => {
+            after_durable(shared);
+            Ok(())
+        }
+        Err(e) => {
+            shared.poison(&e);
+            Err(e)
+        }
+    }
+}
+
+fn freeze(shared: &Shared, w: &mut WriterState) -> Result<Frozen> {
+    shared.check_writable()?;
+    // Nodes replaced while the previous checkpoint was writing them: that checkpoint
+    // has finished (checkpoints are serialised by the durable lock), so they have
+    // addresses now, which this interval frees.
+    for node in w.superseded.drain(..) {
+        let r = *node
+            .disk
+            .get()
+            .expect("the previous checkpoint wrote every frozen node");
+        w.delta.free(r);
+    }
+    let first_unsafe_segment = shared.segments.newest();
+    let closed_gen = shared.wal.rotate(&shared.segments)?;
+    if shared.wal.last_lsn() < w.last_lsn {
+        // A large transaction committed without a WAL record takes its LSN here.
+        shared.wal.skip_lsn(w.last_lsn);
+    }
+    let frozen = Frozen {
+        catalog: w.catalog.clone(),
+        lsn: w.last_lsn,
+        delta: std::mem::take(&mut w.delta),
+        next_wal_gen: closed_gen + 1,
+        first_unsafe_segment,
+    };
+    w.epoch += 1;
+    w.dirty_bytes = 0;
+    Ok(frozen)
+}
+
+/// Dirty nodes reachable from the frozen roots, one list per level.
+fn collect_dirty(catalog: &Catalog) -> Vec<Vec<Arc<Node>>> {
+    let mut levels: Vec<Vec<Arc<Node>>> = Vec::new();
+    let mut seen: HashSet<*const Node> = HashSet::new();
+    let mut stack: Vec<Arc<Node>> = Vec::new();
+    for v in &catalog.versions {
+        if let Some(Child::Mem(n)) = &v.root {
+            if n.is_dirty() {
+                stack.push(n.clone());
+            }
+        }
+    }
+    while let Some(n) = stack.pop() {
+        if !seen.insert(Arc::as_ptr(&n)) {
+            continue;
+        }
+        if let Body::Branch(entries) = &n.body {
+            for e in entries {
+                if let Child::Mem(c) = &e.child {
+                    if c.is_dirty() {
+                        stack.push(c.clone());
+                    }
+                }
+            }
+        }
+        let level = usize::from(n.level);
+        if levels.len() <= level {
+            levels.resize_with(level + 1, Vec::new);
+        }
+        levels[level].push(n);
+    }
+    levels
+}
+
+fn write(shared: &Shared, durable: &mut crate::store::Durable, frozen: Frozen) -> Result<()> {
+    let mut written = SpaceDelta::default();
+    for level in collect_dirty(&frozen.catalog) {
+        write_level(shared, &level, &mut written)?;
+    }
+    let mut usage = durable.usage.clone();
+    apply_delta(&mut usage, &frozen.delta);
+    apply_delta(&mut usage, &written);
+    let meta = Meta {
+        catalog: frozen.catalog,
+        usage,
+        refcounts: durable.refcounts.clone(),
+    };
+    let meta_ref = shared.segments.append(&meta.encode())?;
+    shared.segments.sync()?;
+    let sb = Superblock {
+        generation: durable.sb.generation + 1,
+        checkpoint_lsn: frozen.lsn,
+        wal_gen: frozen.next_wal_gen,
+        meta: meta_ref,
+        created_unix_ms: durable.sb.created_unix_ms,
+    };
+    SuperblockFile::write(&*durable.sb_file, &sb)?;
+    // Durable from here on.
+    durable.sb = sb;
+    durable.usage = meta.usage;
+    shared.wal.checkpoint_done();
+    remove_stale_wal(shared, sb.wal_gen)?;
+    queue_empty_segments(shared, durable, frozen.lsn, frozen.first_unsafe_segment)?;
+    Ok(())
+}
+
+/// Writes one level's dirty nodes in large appends and records their addresses.
+fn write_level(shared: &Shared, nodes: &[Arc<Node>], written: &mut SpaceDelta) -> Result<()> {
+    let mut buf = Vec::with_capacity(WRITE_CHUNK_BYTES + crate::btree::node::NODE_MAX * 2);
+    let mut pending: Vec<(&Arc<Node>, usize, usize)> = Vec::new();
+    for node in nodes {
+        let start = buf.len();
+        node.encode(&mut buf);
+        pending.push((node, start, buf.len() - start));
+        if buf.len() >= WRITE_CHUNK_BYTES {
+            flush_chunk(shared, &buf, &pending, written)?;
+            buf.clear();
+            pending.clear();
+        }
+    }
+    if !pending.is_empty() {
+        flush_chunk(shared, &buf, &pending, written)?;
+    }
+    Ok(())
+}
+
+fn flush_chunk(
+    shared: &Shared,
+    buf: &[u8],
+    nodes: &[(&Arc<Node>, usize, usize)],
+    written: &mut SpaceDelta,
+) -> Result<()> {
+    let (base, segment) = shared.segments.append_many(buf)?;
+    for &(node, start, len) in nodes {
+        let bytes = &buf[start..start + len];
+        let r = BlockRef {
+            addr: Addr::new(segment, base.offset() + start as u64),
+            len: len_u32(len),
+            crc: crc(bytes),
+        };
+        node.disk.set(r).expect("a dirty node is written once");
+        written.alloc(r);
+        // Cache the clean node: leaves as they are (no children to pin), branches as
+        // a copy that names its children by address.
+        let cached = match node.body {
+            Body::Leaf(_) => node.clone(),
+            Body::Branch(_) => Arc::new(node.clean_copy(r)),
+        };
+        shared.cache.insert(r.addr, cached);
+    }
+    Ok(())
+}
+
+/// Deletes WAL generations older than `first_live`.
+pub(crate) fn remove_stale_wal(shared: &Shared, first_live: u64) -> Result<()> {
+    let mut removed = false;
+    for name in shared.vfs.list()? {
+        if wal::parse_file_name(&name).is_some_and(|g| g < first_live) {
+            shared.vfs.remove(&name)?;
+            removed = true;
+        }
+    }
+    if removed {
+        shared.vfs.sync_dir()?;
+    }
+    Ok(())
+}
+
+/// Queues every segment that the durable usage table says is empty, and that no
+/// post-freeze write can be using, for deletion.
+fn queue_empty_segments(
+    shared: &Shared,
+    durable: &crate::store::Durable,
+    lsn: Lsn,
+    first_unsafe: SegmentId,
+) -> Result<()> {
+    let meta_segment = durable.sb.meta.addr.segment();
+    let mut pending = lock(&shared.pending_deletes);
+    for (id, _) in shared.segments.sizes()? {
+        let empty = !durable.usage.contains_key(&id);
+        if empty
+            && id < first_unsafe
+            && id != meta_segment
+            && !pending.iter().any(|(_, s)| *s == id)
+        {
+            pending.push((lsn, id));
+        }
+    }
+    Ok(())
+}
+
+/// Work after a durable checkpoint that must not fail it: deleting emptied segments
+/// nobody can reach, and letting go of in-memory trees that are now on disk.
+fn after_durable(shared: &Shared) {
+    delete_unreachable_segments(shared);
+    unpin_written_roots(shared);
+}
+
+pub(crate) fn delete_unreachable_segments(shared: &Shared) {
+    let oldest_view = shared.views.oldest();
+    let mut pending = lock(&shared.pending_deletes);
+    pending.retain(|&(lsn, id)| {
+        let reachable = oldest_view.is_some_and(|v| v < lsn);
+        if reachable || shared.segments.active() == Some(id) {
+            return true;
+        }
+        // A failed delete leaves dead bytes behind, nothing worse; try again later.
+        shared.segments.delete(id).is_err()
+    });
+}
+
+/// Replaces in-memory roots whose trees are fully written by their addresses, so the
+/// tree is held by the page cache (bounded) instead of pinned by the root.
+fn unpin_written_roots(shared: &Shared) {
+    let Ok(mut w) = shared.writer.try_lock() else {
+        return;
+    };
+    let mut changed = false;
+    for v in &mut w.catalog.versions {
+        if let Some(Child::Mem(n)) = &v.root {
+            if let Some(r) = n.disk.get().copied() {
+                v.root = Some(Child::Disk(r));
+                changed = true;
+            }
+        }
+    }
+    if !changed {
+        return;
+    }
+    let published = shared.published();
+    if published.lsn == w.last_lsn {
+        let view = Arc::new(View::new(w.last_lsn, &w.catalog, shared.views.clone()));
+        *shared
+            .published
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = view;
+    }
+}

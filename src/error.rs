@@ -70,7 +70,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub(crate) fn corrupted(what: &'static str, detail: impl Into<String>) -> Self {
-        Error::Corrupted { what, detail: detail.into() }
+        Error::Corrupted {
+            what,
+            detail: detail.into(),
+        }
     }
 
     /// Whether this error means stored bytes failed validation.

@@ -44,7 +44,7 @@ mod wal;
 pub use error::{Error, Result};
 pub use stats::Stats;
 pub use store::{Durability, Options, Store};
-pub use txn::{Iter, ReadTxn, WriteTxn};
+pub use txn::{Iter, Keys, ReadTxn, WriteTxn};
 pub use verify::VerifyReport;
 
 /// The on-disk format version this build reads and writes.

@@ -1,16 +1,636 @@
-//! Transactions (in progress).
-#![allow(missing_docs, unused_variables, dead_code)]
-use crate::Result;
-pub struct WriteTxn<'s> { _s: std::marker::PhantomData<&'s ()> }
+//! Transactions: [`WriteTxn`] (an atomic batch of puts and deletes on one branch) and
+//! [`ReadTxn`] (an immutable view of committed state), plus range iteration.
+//!
+//! Write transaction life cycle:
+//! ```text
+//! begin ──put/delete──▶ (ops applied to a private copy-on-write root)
+//!   │                        │
+//!   │ abort / drop           │ commit
+//!   ▼                        ▼
+//! root restored      small: WAL record appended under the writer lock → lock released
+//!                           → fsync (group commit, Immediate only) → roots published
+//!                    large (> LARGE_TXN_BYTES of ops): no WAL record; a checkpoint
+//!                           under the writer lock makes it durable → roots published
+//! ```
+//! A failure inside `put`/`delete` (an I/O or checksum error while reading the tree)
+//! fails the whole transaction: `commit` then refuses and nothing of it is applied.
+
+use crate::btree::cursor::{Cursor, Seek};
+use crate::btree::node::{Child, Node, Value};
+use crate::btree::{self, Loader, WriteCtx};
+use crate::catalog::{Catalog, VersionId, VersionKind};
+use crate::error::{Error, Result};
+use crate::format::{put_u32, Lsn};
+use crate::space::SpaceDelta;
+use crate::store::{Durability, Shared, ViewRegistry, WriterState};
+use crate::wal::{self, BatchOpRef};
+use crate::{INLINE_VALUE_MAX, MAX_KEY_LEN, MAX_VALUE_LEN};
+use std::ops::{Bound, RangeBounds};
+use std::sync::{Arc, MutexGuard};
+
+/// A transaction whose logged operations pass this size commits by checkpoint
+/// instead of through the WAL: its data is written once, into nodes, not twice.
+pub(crate) const LARGE_TXN_BYTES: usize = 16 << 20;
+
+/// One version as a view sees it.
 #[derive(Clone)]
-pub struct ReadTxn {}
-pub struct Iter {}
-impl WriteTxn<'_> {
-    pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> { unimplemented!() }
-    pub fn commit(self) -> Result<()> { unimplemented!() }
+pub(crate) struct ViewVersion {
+    pub name: String,
+    pub root: Option<Child>,
 }
+
+/// An immutable set of committed roots. Registered by LSN while alive, so that
+/// segments it can reach are not deleted under it.
+pub(crate) struct View {
+    pub lsn: Lsn,
+    pub versions: Vec<ViewVersion>,
+    registry: Arc<ViewRegistry>,
+}
+
+impl View {
+    pub(crate) fn new(lsn: Lsn, catalog: &Catalog, registry: Arc<ViewRegistry>) -> View {
+        registry.register(lsn);
+        let versions = catalog
+            .versions
+            .iter()
+            .map(|v| ViewVersion {
+                name: v.name.clone(),
+                root: v.root.clone(),
+            })
+            .collect();
+        View {
+            lsn,
+            versions,
+            registry,
+        }
+    }
+}
+
+impl Drop for View {
+    fn drop(&mut self) {
+        self.registry.unregister(self.lsn);
+    }
+}
+
+fn check_key(key: &[u8]) -> Result<()> {
+    if key.is_empty() || key.len() > MAX_KEY_LEN {
+        return Err(Error::KeyTooLarge {
+            len: key.len(),
+            max: MAX_KEY_LEN,
+        });
+    }
+    Ok(())
+}
+
+/// An atomic batch of puts and deletes on one branch. Dropping it without `commit`
+/// aborts it. One write transaction is open per store at a time.
+pub struct WriteTxn<'s> {
+    shared: &'s Shared,
+    guard: Option<MutexGuard<'s, WriterState>>,
+    version: VersionId,
+    root: Option<Child>,
+    delta: SpaceDelta,
+    superseded: Vec<Arc<Node>>,
+    dirtied_bytes: u64,
+    /// The WAL payload: `branch u32 | count u32 | ops`, dropped once `large`.
+    payload: Vec<u8>,
+    ops: u32,
+    large: bool,
+    durability: Durability,
+    failed: Option<String>,
+}
+
+impl std::fmt::Debug for WriteTxn<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteTxn")
+            .field("version", &self.version.0)
+            .field("ops", &self.ops)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'s> WriteTxn<'s> {
+    pub(crate) fn begin(shared: &'s Shared, branch: &str) -> Result<WriteTxn<'s>> {
+        shared.check_writable()?;
+        let mut guard = shared.lock_writer();
+        shared.check_writable()?;
+        let version = guard
+            .catalog
+            .by_name(branch)
+            .ok_or_else(|| Error::VersionNotFound(branch.to_owned()))?;
+        if version.kind != VersionKind::Branch {
+            return Err(Error::ReadOnly(format!("{branch:?} is a snapshot")));
+        }
+        let id = version.id;
+        let root = guard
+            .catalog
+            .by_id_mut(id)
+            .expect("found above")
+            .root
+            .take();
+        let mut payload = Vec::new();
+        put_u32(&mut payload, id.0);
+        put_u32(&mut payload, 0);
+        Ok(WriteTxn {
+            shared,
+            guard: Some(guard),
+            version: id,
+            root,
+            delta: SpaceDelta::default(),
+            superseded: Vec::new(),
+            dirtied_bytes: 0,
+            payload,
+            ops: 0,
+            large: false,
+            durability: Durability::Immediate,
+            failed: None,
+        })
+    }
+
+    fn writer(&self) -> &WriterState {
+        self.guard
+            .as_ref()
+            .expect("open transaction holds the writer lock")
+    }
+
+    fn check_usable(&self) -> Result<()> {
+        match &self.failed {
+            Some(why) => Err(Error::InvalidArgument(format!(
+                "transaction failed earlier and must be aborted: {why}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Sets when `commit` is durable (default: [`Durability::Immediate`]).
+    pub fn set_durability(&mut self, durability: Durability) {
+        self.durability = durability;
+    }
+
+    /// Inserts or replaces `key`.
+    pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        check_key(key)?;
+        if value.len() > MAX_VALUE_LEN {
+            return Err(Error::ValueTooLarge {
+                len: value.len(),
+                max: MAX_VALUE_LEN,
+            });
+        }
+        self.check_usable()?;
+        let stored = if value.len() > INLINE_VALUE_MAX {
+            // Written once, here, into its own extent; the WAL records only the reference.
+            let r = self
+                .shared
+                .segments
+                .append(value)
+                .inspect_err(|e| self.fail(e))?;
+            self.delta.alloc(r);
+            Value::Extent(r)
+        } else {
+            Value::Inline(value.into())
+        };
+        let log = match &stored {
+            Value::Inline(_) => BatchOpRef::Put { key, value },
+            Value::Extent(r) => BatchOpRef::PutExtent { key, extent: *r },
+        };
+        self.apply(|root, ctx| btree::insert(root, key, stored, ctx))?;
+        self.log(&log);
+        Ok(())
+    }
+
+    /// Deletes `key`; returns whether it was present.
+    pub fn delete(&mut self, key: &[u8]) -> Result<bool> {
+        check_key(key)?;
+        self.check_usable()?;
+        let existed = self.apply(|root, ctx| btree::delete(root, key, ctx))?;
+        if existed {
+            self.log(&BatchOpRef::Delete { key });
+        }
+        Ok(existed)
+    }
+
+    /// Reads `key` as this transaction sees it (its own writes included).
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let loader = self.shared.loader();
+        match btree::get(loader, self.root.as_ref(), key)? {
+            Some(v) => Ok(Some(loader.value(&v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Runs a tree edit; frees the extent of any value it replaced or removed.
+    /// Returns whether a value was replaced or removed.
+    fn apply(
+        &mut self,
+        edit: impl FnOnce(&mut Option<Child>, &mut WriteCtx<'_>) -> Result<Option<Value>>,
+    ) -> Result<bool> {
+        let epoch = self.writer().epoch;
+        let mut ctx = WriteCtx {
+            loader: self.shared.loader(),
+            epoch,
+            delta: &mut self.delta,
+            superseded: &mut self.superseded,
+            dirtied_bytes: &mut self.dirtied_bytes,
+        };
+        match edit(&mut self.root, &mut ctx) {
+            Ok(old) => {
+                if let Some(Value::Extent(r)) = &old {
+                    ctx.delta.free(*r);
+                }
+                Ok(old.is_some())
+            }
+            Err(e) => {
+                self.fail(&e);
+                Err(e)
+            }
+        }
+    }
+
+    fn fail(&mut self, e: &Error) {
+        if self.failed.is_none() {
+            self.failed = Some(e.to_string());
+        }
+    }
+
+    fn log(&mut self, op: &BatchOpRef<'_>) {
+        self.ops += 1;
+        if self.large {
+            return;
+        }
+        wal::encode_op(&mut self.payload, op);
+        if self.payload.len() > LARGE_TXN_BYTES {
+            self.large = true;
+            self.payload = Vec::new();
+        }
+    }
+
+    /// Moves the transaction's root and bookkeeping into the writer state.
+    fn install(&mut self, w: &mut WriterState, lsn: Lsn) {
+        w.catalog
+            .by_id_mut(self.version)
+            .expect("version of an open transaction")
+            .root = self.root.take();
+        w.delta.merge(std::mem::take(&mut self.delta));
+        w.superseded.append(&mut self.superseded);
+        w.dirty_bytes += self.dirtied_bytes;
+        w.last_lsn = lsn;
+    }
+
+    /// Commits: atomic, and durable on return under [`Durability::Immediate`].
+    pub fn commit(mut self) -> Result<()> {
+        self.check_usable()?;
+        let shared = self.shared;
+        let mut guard = self
+            .guard
+            .take()
+            .expect("open transaction holds the writer lock");
+        if self.ops == 0 {
+            guard
+                .catalog
+                .by_id_mut(self.version)
+                .expect("open version")
+                .root = self.root.take();
+            return Ok(());
+        }
+        let lsn = guard.last_lsn.next();
+        if self.large {
+            self.install(&mut guard, lsn);
+            crate::checkpoint::run(shared, Some(&mut guard))?;
+            shared.publish(Arc::new(View::new(
+                lsn,
+                &guard.catalog,
+                shared.views.clone(),
+            )));
+            return Ok(());
+        }
+        let count = self.ops.to_le_bytes();
+        self.payload[4..8].copy_from_slice(&count);
+        if let Err(e) = shared.wal.append(lsn, wal::KIND_BATCH, &self.payload) {
+            guard
+                .catalog
+                .by_id_mut(self.version)
+                .expect("open version")
+                .root = self.root.take();
+            return Err(e);
+        }
+        self.install(&mut guard, lsn);
+        let view = Arc::new(View::new(lsn, &guard.catalog, shared.views.clone()));
+        let due = shared.checkpoint_due(guard.dirty_bytes);
+        drop(guard);
+        if self.durability == Durability::Immediate {
+            if let Err(e) = shared.wal.sync_to(lsn, &shared.segments) {
+                shared.poison(&e);
+                return Err(e);
+            }
+        }
+        shared.publish(view);
+        if due {
+            // The commit is durable whatever happens here; a failed checkpoint poisons
+            // the store and shows on the next write.
+            let _ = shared.request_checkpoint();
+        }
+        Ok(())
+    }
+
+    /// Discards the transaction.
+    pub fn abort(self) {}
+}
+
+impl Drop for WriteTxn<'_> {
+    fn drop(&mut self) {
+        if let Some(mut guard) = self.guard.take() {
+            // Aborted: put the branch's committed root back. Extents this transaction
+            // wrote stay unreferenced, dead bytes in their segment.
+            guard
+                .catalog
+                .by_id_mut(self.version)
+                .expect("open version")
+                .root = self.root.take();
+        }
+    }
+}
+
+/// A consistent, immutable view of one version's committed state. Cheap to clone;
+/// never blocks writers and is never blocked by them.
+#[derive(Clone)]
+pub struct ReadTxn {
+    shared: Arc<Shared>,
+    view: Arc<View>,
+    root: Option<Child>,
+}
+
+impl std::fmt::Debug for ReadTxn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadTxn")
+            .field("lsn", &self.view.lsn.0)
+            .finish_non_exhaustive()
+    }
+}
+
+type Pair = (Vec<u8>, Vec<u8>);
+
 impl ReadTxn {
-    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> { unimplemented!() }
-    pub fn range<'k, R: std::ops::RangeBounds<&'k [u8]>>(&self, range: R) -> Result<Iter> { unimplemented!() }
+    pub(crate) fn new(shared: Arc<Shared>, view: Arc<View>, version: &str) -> Result<ReadTxn> {
+        let v = view
+            .versions
+            .iter()
+            .find(|v| v.name == version)
+            .ok_or_else(|| Error::VersionNotFound(version.to_owned()))?;
+        let root = v.root.clone();
+        Ok(ReadTxn { shared, view, root })
+    }
+
+    fn loader(&self) -> Loader<'_> {
+        self.shared.loader()
+    }
+
+    /// The value of `key`, if present.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        match btree::get(self.loader(), self.root.as_ref(), key)? {
+            Some(v) => Ok(Some(self.loader().value(&v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Whether `key` is present (never reads an out-of-line value).
+    pub fn contains_key(&self, key: &[u8]) -> Result<bool> {
+        Ok(btree::get(self.loader(), self.root.as_ref(), key)?.is_some())
+    }
+
+    /// The pairs whose keys fall in `range`, in key order (`.rev()` for reverse).
+    pub fn range<'k, R: RangeBounds<&'k [u8]>>(&self, range: R) -> Result<Iter> {
+        let lower = range.start_bound().map(|k| k.to_vec());
+        let upper = range.end_bound().map(|k| k.to_vec());
+        Ok(Iter::new(self, lower, upper))
+    }
+
+    /// Every pair whose key starts with `prefix`.
+    pub fn prefix(&self, prefix: &[u8]) -> Result<Iter> {
+        let upper = match prefix_successor(prefix) {
+            Some(end) => Bound::Excluded(end),
+            None => Bound::Unbounded,
+        };
+        Ok(Iter::new(self, Bound::Included(prefix.to_vec()), upper))
+    }
+
+    /// Every pair, in key order.
+    pub fn iter(&self) -> Result<Iter> {
+        Ok(Iter::new(self, Bound::Unbounded, Bound::Unbounded))
+    }
+
+    /// The pair with the smallest key.
+    pub fn first(&self) -> Result<Option<Pair>> {
+        self.iter()?.next().transpose()
+    }
+
+    /// The pair with the largest key.
+    pub fn last(&self) -> Result<Option<Pair>> {
+        self.iter()?.next_back().transpose()
+    }
+
+    /// How many keys fall in `range` (reads keys only).
+    pub fn count<'k, R: RangeBounds<&'k [u8]>>(&self, range: R) -> Result<u64> {
+        let mut n = 0;
+        for k in self.range(range)?.keys() {
+            k?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// The commit sequence number this view reflects.
+    pub fn lsn(&self) -> u64 {
+        self.view.lsn.0
+    }
 }
-impl Iterator for Iter { type Item = Result<(Vec<u8>, Vec<u8>)>; fn next(&mut self) -> Option<Self::Item> { None } }
+
+/// The smallest key greater than every key starting with `prefix`, if one exists.
+fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+/// An iterator over a key range of a [`ReadTxn`], from either end.
+pub struct Iter {
+    shared: Arc<Shared>,
+    _view: Arc<View>,
+    root: Option<Child>,
+    lower: Bound<Vec<u8>>,
+    upper: Bound<Vec<u8>>,
+    front: Option<Cursor>,
+    back: Option<Cursor>,
+    last_front: Option<Vec<u8>>,
+    last_back: Option<Vec<u8>>,
+    keys_only: bool,
+    done: bool,
+}
+
+impl std::fmt::Debug for Iter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Iter")
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+fn above(key: &[u8], upper: &Bound<Vec<u8>>) -> bool {
+    match upper {
+        Bound::Included(u) => key > u.as_slice(),
+        Bound::Excluded(u) => key >= u.as_slice(),
+        Bound::Unbounded => false,
+    }
+}
+
+fn below(key: &[u8], lower: &Bound<Vec<u8>>) -> bool {
+    match lower {
+        Bound::Included(l) => key < l.as_slice(),
+        Bound::Excluded(l) => key <= l.as_slice(),
+        Bound::Unbounded => false,
+    }
+}
+
+impl Iter {
+    fn new(txn: &ReadTxn, lower: Bound<Vec<u8>>, upper: Bound<Vec<u8>>) -> Iter {
+        Iter {
+            shared: txn.shared.clone(),
+            _view: txn.view.clone(),
+            root: txn.root.clone(),
+            lower,
+            upper,
+            front: None,
+            back: None,
+            last_front: None,
+            last_back: None,
+            keys_only: false,
+            done: false,
+        }
+    }
+
+    /// Keys only: out-of-line values are never read.
+    pub fn keys(mut self) -> Keys {
+        self.keys_only = true;
+        Keys(self)
+    }
+
+    fn step(&mut self, forward: bool) -> Result<Option<Pair>> {
+        let loader = Loader {
+            cache: &self.shared.cache,
+            segments: &self.shared.segments,
+        };
+        let cursor = if forward {
+            &mut self.front
+        } else {
+            &mut self.back
+        };
+        match cursor {
+            None => {
+                let seek = if forward {
+                    match &self.lower {
+                        Bound::Unbounded => Seek::First,
+                        Bound::Included(k) => Seek::AtOrAfter(k, false),
+                        Bound::Excluded(k) => Seek::AtOrAfter(k, true),
+                    }
+                } else {
+                    match &self.upper {
+                        Bound::Unbounded => Seek::Last,
+                        Bound::Included(k) => Seek::AtOrBefore(k, false),
+                        Bound::Excluded(k) => Seek::AtOrBefore(k, true),
+                    }
+                };
+                *cursor = Some(Cursor::seek(loader, self.root.as_ref(), seek)?);
+            }
+            Some(c) if forward => c.advance(loader)?,
+            Some(c) => c.retreat(loader)?,
+        }
+        let c = cursor.as_ref().expect("set above");
+        let Some(entry) = c.current() else {
+            return Ok(None);
+        };
+        let key = &*entry.key;
+        let out_of_range = if forward {
+            above(key, &self.upper) || self.last_back.as_deref().is_some_and(|b| key >= b)
+        } else {
+            below(key, &self.lower) || self.last_front.as_deref().is_some_and(|f| key <= f)
+        };
+        if out_of_range {
+            return Ok(None);
+        }
+        let value = if self.keys_only {
+            Vec::new()
+        } else {
+            loader.value(&entry.value)?
+        };
+        let key = key.to_vec();
+        if forward {
+            self.last_front = Some(key.clone());
+        } else {
+            self.last_back = Some(key.clone());
+        }
+        Ok(Some((key, value)))
+    }
+
+    fn next_from(&mut self, forward: bool) -> Option<Result<Pair>> {
+        if self.done {
+            return None;
+        }
+        match self.step(forward) {
+            Ok(Some(pair)) => Some(Ok(pair)),
+            Ok(None) => {
+                self.done = true;
+                None
+            }
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+impl Iterator for Iter {
+    type Item = Result<Pair>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_from(true)
+    }
+}
+
+impl DoubleEndedIterator for Iter {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        self.next_from(false)
+    }
+}
+
+/// Keys of a range, without their values.
+#[derive(Debug)]
+pub struct Keys(Iter);
+
+impl Iterator for Keys {
+    type Item = Result<Vec<u8>>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0.next().map(|r| r.map(|(k, _)| k))
+    }
+}
+
+impl DoubleEndedIterator for Keys {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        self.0.next_back().map(|r| r.map(|(k, _)| k))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_successor;
+
+    #[test]
+    fn prefix_successors() {
+        assert_eq!(prefix_successor(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(prefix_successor(b"a\xff"), Some(b"b".to_vec()));
+        assert_eq!(prefix_successor(b"\xff\xff"), None);
+    }
+}

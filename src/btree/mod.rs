@@ -1,1 +1,143 @@
-//! (in progress)
+//! The copy-on-write B+tree (Rodeh §4): top-down proactive split and fix, shadowing on
+//! the way down, min-key rule, no leaf chaining.
+//!
+//! Invariants:
+//! - Keys within a node are strictly increasing. Branch entry `i`'s key is `<=` every
+//!   key below child `i` and `>` every key below child `i - 1` (the min-key rule).
+//! - A branch at level `l` has children at level `l - 1`; leaves are level 0.
+//! - Writers never modify a node another version or reader can see: `shadow` copies a
+//!   clean or shared node first (see `write.rs`). Splits and fixes happen on the way
+//!   down, so a change never propagates upward.
+//! - Every non-root node is at most `NODE_MAX` bytes, plus, for branches, the one
+//!   entry a split may add after the proactive check (node sizes are soft limits:
+//!   nodes are written packed, never into fixed pages).
+
+pub(crate) mod cursor;
+pub(crate) mod node;
+mod write;
+
+pub(crate) use write::{delete, insert, WriteCtx};
+
+use crate::cache::PageCache;
+use crate::error::{Error, Result};
+use crate::format::BlockRef;
+use crate::space::Segments;
+use node::{Body, BranchEntry, Child, Node, Value, MAX_DEPTH};
+use std::sync::Arc;
+
+/// Resolves child references to nodes: in-memory ones directly, written ones through
+/// the page cache, reading and verifying from a segment on a miss.
+#[derive(Clone, Copy)]
+pub(crate) struct Loader<'a> {
+    pub cache: &'a PageCache,
+    pub segments: &'a Segments,
+}
+
+impl Loader<'_> {
+    pub(crate) fn load(&self, r: BlockRef) -> Result<Arc<Node>> {
+        if let Some(n) = self.cache.get(r.addr) {
+            return Ok(n);
+        }
+        let buf = self.segments.read(r, "node")?;
+        let node = Arc::new(Node::decode(&buf, r)?);
+        self.cache.insert(r.addr, node.clone());
+        Ok(node)
+    }
+
+    pub(crate) fn resolve(&self, child: &Child) -> Result<Arc<Node>> {
+        match child {
+            Child::Mem(n) => Ok(n.clone()),
+            Child::Disk(r) => self.load(*r),
+        }
+    }
+
+    /// Resolves a child of a branch at `parent_level`, checking the level on the way
+    /// (a corrupted pointer must not send a descent into the wrong kind of node).
+    pub(crate) fn child_of(&self, parent_level: u8, child: &Child) -> Result<Arc<Node>> {
+        let node = self.resolve(child)?;
+        if node.level + 1 != parent_level {
+            return Err(Error::corrupted(
+                "node",
+                format!(
+                    "child at level {} under a parent at level {parent_level} ({:?})",
+                    node.level,
+                    child.disk_ref()
+                ),
+            ));
+        }
+        Ok(node)
+    }
+
+    /// Reads an out-of-line value.
+    pub(crate) fn extent(&self, r: BlockRef) -> Result<Vec<u8>> {
+        self.segments.read(r, "extent")
+    }
+
+    pub(crate) fn value(&self, v: &Value) -> Result<Vec<u8>> {
+        match v {
+            Value::Inline(b) => Ok(b.to_vec()),
+            Value::Extent(r) => self.extent(*r),
+        }
+    }
+}
+
+/// The index of the child to descend into for `key`: the last entry whose key is
+/// `<= key`, or the first when `key` is below all of them.
+pub(crate) fn child_index(entries: &[BranchEntry], key: &[u8]) -> usize {
+    entries
+        .partition_point(|e| &*e.key <= key)
+        .saturating_sub(1)
+}
+
+/// Point lookup.
+pub(crate) fn get(loader: Loader<'_>, root: Option<&Child>, key: &[u8]) -> Result<Option<Value>> {
+    let Some(root) = root else { return Ok(None) };
+    let mut node = loader.resolve(root)?;
+    for _ in 0..MAX_DEPTH {
+        let next = match &node.body {
+            Body::Leaf(entries) => {
+                return Ok(entries
+                    .binary_search_by(|e| (*e.key).cmp(key))
+                    .ok()
+                    .map(|i| entries[i].value.clone()));
+            }
+            Body::Branch(entries) => {
+                loader.child_of(node.level, &entries[child_index(entries, key)].child)?
+            }
+        };
+        node = next;
+    }
+    Err(Error::corrupted("node", "tree deeper than MAX_DEPTH"))
+}
+
+/// Visits every node reachable from `root` (pre-order), resolving through `loader`.
+/// `descend(node)` says whether to visit its children.
+pub(crate) fn walk(
+    loader: Loader<'_>,
+    root: &Child,
+    visit: &mut dyn FnMut(&Child, &Arc<Node>) -> Result<bool>,
+) -> Result<()> {
+    fn rec(
+        loader: Loader<'_>,
+        child: &Child,
+        node: Arc<Node>,
+        depth: usize,
+        visit: &mut dyn FnMut(&Child, &Arc<Node>) -> Result<bool>,
+    ) -> Result<()> {
+        if depth > MAX_DEPTH {
+            return Err(Error::corrupted("node", "tree deeper than MAX_DEPTH"));
+        }
+        if !visit(child, &node)? {
+            return Ok(());
+        }
+        if let Body::Branch(entries) = &node.body {
+            for e in entries {
+                let c = loader.child_of(node.level, &e.child)?;
+                rec(loader, &e.child, c, depth + 1, visit)?;
+            }
+        }
+        Ok(())
+    }
+    let node = loader.resolve(root)?;
+    rec(loader, root, node, 0, visit)
+}

@@ -16,7 +16,9 @@ pub struct StdVfs {
 impl StdVfs {
     /// A backend rooted at `dir`, which must exist.
     pub fn new(dir: impl AsRef<Path>) -> Self {
-        StdVfs { dir: dir.as_ref().to_path_buf() }
+        StdVfs {
+            dir: dir.as_ref().to_path_buf(),
+        }
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -46,7 +48,10 @@ impl VFile for StdFile {
 
 impl Vfs for StdVfs {
     fn open(&self, name: &str) -> io::Result<Arc<dyn VFile>> {
-        let file = OpenOptions::new().read(true).write(true).open(self.path(name))?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(self.path(name))?;
         Ok(Arc::new(StdFile(file)))
     }
     fn create(&self, name: &str) -> io::Result<Arc<dyn VFile>> {
@@ -85,7 +90,11 @@ impl Vfs for StdVfs {
             .create(true)
             .truncate(false)
             .open(self.path("LOCK"))?;
-        let taken = if exclusive { file.try_lock() } else { file.try_lock_shared() };
+        let taken = if exclusive {
+            file.try_lock()
+        } else {
+            file.try_lock_shared()
+        };
         match taken {
             Ok(()) => Ok(Box::new(file)),
             Err(std::fs::TryLockError::WouldBlock) => Err(io::Error::new(

@@ -1,1 +1,260 @@
-//! (in progress)
+//! The write-ahead log: logical redo records of committed transactions.
+//!
+//! The log is a sequence of files `wal-<gen>.log`. A checkpoint *rotates* the log:
+//! records committed before its freeze point are in generation `g` and are covered by
+//! the checkpoint; later ones go to `g + 1`. The superblock names the first generation
+//! recovery must replay; files below it are deleted once that superblock is durable.
+//!
+//! Record framing (little-endian, see docs/FORMAT.md):
+//! ```text
+//! len u32 | crc u32 | lsn u64 | kind u8 | reserved [u8; 3] | payload[len]
+//! ```
+//! `crc` is CRC-32C over the generation number (8 bytes, the file's salt), the header
+//! bytes after `crc`, and the payload. A record from another generation (say a stale
+//! one) can therefore never validate. Records are numbered by consecutive LSNs.
+//!
+//! Recovery policy: read records until the first that is short, fails its checksum or
+//! breaks LSN continuity. That is the torn tail of a crash, and it is ignored: such a
+//! record was never acknowledged, because commit returns only after the fsync that
+//! covers the whole record.
+//!
+//! Group commit: committers append records to an in-memory buffer and wait; the first
+//! waiter with no sync in flight becomes the leader, writes the whole buffer and
+//! fsyncs once for everybody.
+
+mod record;
+
+pub(crate) use record::{decode_batch, encode_op, read_log, BatchOp, BatchOpRef};
+
+use crate::error::{Error, Result};
+use crate::format::Lsn;
+use crate::io::{VFile, Vfs};
+use crate::space::Segments;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+pub(crate) const KIND_BATCH: u8 = 1;
+
+pub(crate) fn file_name(gen: u64) -> String {
+    format!("wal-{gen:016x}.log")
+}
+
+pub(crate) fn parse_file_name(name: &str) -> Option<u64> {
+    let hex = name.strip_prefix("wal-")?.strip_suffix(".log")?;
+    if hex.len() != 16 {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
+}
+
+struct State {
+    gen: u64,
+    /// The current generation's file, created lazily at its first write.
+    file: Option<Arc<dyn VFile>>,
+    /// Where the next write lands in `file`.
+    file_end: u64,
+    /// Records appended but not yet written.
+    buf: Vec<u8>,
+    /// The LSN of the last record in `buf` (or written).
+    last_lsn: Lsn,
+    synced_lsn: Lsn,
+    sync_in_flight: bool,
+    failed: Option<String>,
+    /// Bytes of log not yet covered by a checkpoint (all live generations).
+    bytes_since_checkpoint: u64,
+    /// Bytes appended to the current generation.
+    gen_bytes: u64,
+}
+
+pub(crate) struct Wal {
+    vfs: Arc<dyn Vfs>,
+    state: Mutex<State>,
+    synced: Condvar,
+}
+
+impl Wal {
+    /// A log that will write generation `gen`, whose first record follows `last_lsn`.
+    pub(crate) fn new(
+        vfs: Arc<dyn Vfs>,
+        gen: u64,
+        last_lsn: Lsn,
+        bytes_since_checkpoint: u64,
+    ) -> Wal {
+        let state = State {
+            gen,
+            file: None,
+            file_end: 0,
+            buf: Vec::new(),
+            last_lsn,
+            synced_lsn: last_lsn,
+            sync_in_flight: false,
+            failed: None,
+            bytes_since_checkpoint,
+            gen_bytes: 0,
+        };
+        Wal {
+            vfs,
+            state: Mutex::new(state),
+            synced: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn generation(&self) -> u64 {
+        self.lock().gen
+    }
+
+    pub(crate) fn last_lsn(&self) -> Lsn {
+        self.lock().last_lsn
+    }
+
+    pub(crate) fn bytes_since_checkpoint(&self) -> u64 {
+        self.lock().bytes_since_checkpoint
+    }
+
+    /// Appends a record to the buffer. The caller holds the writer lock, so LSNs are
+    /// appended in order.
+    pub(crate) fn append(&self, lsn: Lsn, kind: u8, payload: &[u8]) -> Result<()> {
+        let mut st = self.lock();
+        if let Some(why) = &st.failed {
+            return Err(Error::Poisoned(why.clone()));
+        }
+        assert_eq!(
+            lsn,
+            st.last_lsn.next(),
+            "WAL records must be appended in LSN order"
+        );
+        let gen = st.gen;
+        let before = st.buf.len();
+        record::encode(&mut st.buf, gen, lsn, kind, payload);
+        let added = (st.buf.len() - before) as u64;
+        st.bytes_since_checkpoint += added;
+        st.gen_bytes += added;
+        st.last_lsn = lsn;
+        Ok(())
+    }
+
+    /// Notes that an LSN was consumed without a record (a transaction committed by a
+    /// checkpoint of its own).
+    pub(crate) fn skip_lsn(&self, lsn: Lsn) {
+        let mut st = self.lock();
+        assert_eq!(lsn, st.last_lsn.next());
+        assert!(st.buf.is_empty(), "skip_lsn with buffered records");
+        st.last_lsn = lsn;
+        st.synced_lsn = lsn;
+    }
+
+    /// Returns once every record up to `lsn` is durable. Segment appends are synced
+    /// first, so value extents named by those records are durable before the records.
+    pub(crate) fn sync_to(&self, lsn: Lsn, segments: &Segments) -> Result<()> {
+        let mut st = self.lock();
+        loop {
+            if st.synced_lsn >= lsn {
+                return Ok(());
+            }
+            if let Some(why) = &st.failed {
+                return Err(Error::Poisoned(why.clone()));
+            }
+            if st.sync_in_flight {
+                st = self
+                    .synced
+                    .wait(st)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                continue;
+            }
+            st.sync_in_flight = true;
+            let target = st.last_lsn;
+            let buf = std::mem::take(&mut st.buf);
+            let result = match self.file_for_write(&mut st) {
+                Ok((file, at)) => {
+                    st.file_end += buf.len() as u64;
+                    // The leader does its I/O without the lock, so others keep appending
+                    // (their records form the next group).
+                    drop(st);
+                    let r = Self::write_and_sync(&*file, at, &buf, segments);
+                    st = self.lock();
+                    r
+                }
+                Err(e) => Err(e),
+            };
+            st.sync_in_flight = false;
+            match result {
+                Ok(()) => st.synced_lsn = st.synced_lsn.max(target),
+                Err(e) => st.failed = Some(e.to_string()),
+            }
+            self.synced.notify_all();
+        }
+    }
+
+    fn write_and_sync(file: &dyn VFile, at: u64, buf: &[u8], segments: &Segments) -> Result<()> {
+        segments.sync()?;
+        if !buf.is_empty() {
+            file.write_all_at(buf, at)?;
+        }
+        file.sync()?;
+        Ok(())
+    }
+
+    fn file_for_write(&self, st: &mut State) -> Result<(Arc<dyn VFile>, u64)> {
+        if st.file.is_none() {
+            let name = file_name(st.gen);
+            let file = match self.vfs.create(&name) {
+                Ok(f) => f,
+                // A leftover of a crashed run: recovery already read what it held.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let f = self.vfs.open(&name)?;
+                    f.set_len(0)?;
+                    f
+                }
+                Err(e) => return Err(e.into()),
+            };
+            self.vfs.sync_dir()?;
+            st.file = Some(file);
+            st.file_end = 0;
+        }
+        Ok((st.file.clone().expect("just set"), st.file_end))
+    }
+
+    /// Makes everything appended durable, then starts generation `gen + 1`. Called at
+    /// a checkpoint's freeze, under the writer lock, so no record is appended
+    /// concurrently. Returns the generation that was closed.
+    pub(crate) fn rotate(&self, segments: &Segments) -> Result<u64> {
+        let last = self.lock().last_lsn;
+        self.sync_to(last, segments)?;
+        let mut st = self.lock();
+        while st.sync_in_flight {
+            st = self
+                .synced
+                .wait(st)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        if let Some(why) = &st.failed {
+            return Err(Error::Poisoned(why.clone()));
+        }
+        let closed = st.gen;
+        st.gen += 1;
+        st.gen_bytes = 0;
+        st.file = None;
+        st.file_end = 0;
+        Ok(closed)
+    }
+
+    /// After a checkpoint is durable: the log it covers is dead.
+    pub(crate) fn checkpoint_done(&self) {
+        let mut st = self.lock();
+        st.bytes_since_checkpoint = st.gen_bytes;
+    }
+
+    /// Marks the log failed (after an I/O error elsewhere left the store poisoned).
+    pub(crate) fn poison(&self, why: &str) {
+        let mut st = self.lock();
+        if st.failed.is_none() {
+            st.failed = Some(why.to_owned());
+        }
+        self.synced.notify_all();
+    }
+}

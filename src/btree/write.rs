@@ -1,0 +1,416 @@
+//! Tree mutation: shadowing (mark-dirty), top-down insert with proactive splits, and
+//! top-down delete with proactive fixes.
+//!
+//! Shadowing (Rodeh §4, mark-dirty §5.3) decides, for the node a writer is about to
+//! change, whether it may be edited in place:
+//! - dirty in the writer's epoch and referenced only by the writer's tree: in place;
+//! - dirty but shared with a reader's view (the `Arc` has other holders): copy; the old
+//!   one is never written (no checkpoint can reach it);
+//! - dirty from the previous epoch (frozen: a checkpoint is writing it right now):
+//!   copy, and remember the original, whose address is freed once it has one;
+//! - clean (written): copy, and release the old address. The single-owner case frees
+//!   its bytes; shared blocks (reference count > 1) arrive with versions.
+
+use super::node::{
+    branch_entry_size, leaf_entry_size, Body, BranchEntry, Child, LeafEntry, Node, Value,
+    MERGE_MAX, NODE_MAX, NODE_MIN,
+};
+use super::{child_index, Loader};
+use crate::error::Result;
+use crate::format::BlockRef;
+use crate::space::SpaceDelta;
+use std::sync::Arc;
+
+/// What a writer carries down the tree.
+pub(crate) struct WriteCtx<'a> {
+    pub loader: Loader<'a>,
+    /// The writer's checkpoint epoch.
+    pub epoch: u64,
+    /// Live-byte changes made by this transaction.
+    pub delta: &'a mut SpaceDelta,
+    /// Frozen dirty nodes this transaction replaced; their addresses (assigned by the
+    /// checkpoint in flight) are freed at the next freeze.
+    pub superseded: &'a mut Vec<Arc<Node>>,
+    /// Bytes of nodes this transaction made dirty.
+    pub dirtied_bytes: &'a mut u64,
+}
+
+impl WriteCtx<'_> {
+    fn release_clean(&mut self, r: BlockRef) {
+        self.delta.free(r);
+    }
+
+    fn new_dirty(&mut self, node: Node) -> Child {
+        *self.dirtied_bytes += node.size as u64;
+        Child::Mem(Arc::new(node))
+    }
+}
+
+/// Makes the node behind `slot` writable by this transaction and returns it.
+pub(crate) fn shadow<'c>(slot: &'c mut Child, ctx: &mut WriteCtx<'_>) -> Result<&'c mut Node> {
+    let copy = match slot {
+        Child::Disk(r) => {
+            let r = *r;
+            let node = ctx.loader.load(r)?;
+            ctx.release_clean(r);
+            Some(node.dirty_copy(ctx.epoch))
+        }
+        Child::Mem(arc) => {
+            if let Some(r) = arc.disk.get().copied() {
+                ctx.release_clean(r);
+                Some(arc.dirty_copy(ctx.epoch))
+            } else if arc.epoch != ctx.epoch {
+                ctx.superseded.push(arc.clone());
+                Some(arc.dirty_copy(ctx.epoch))
+            } else if Arc::get_mut(arc).is_none() {
+                Some(arc.dirty_copy(ctx.epoch))
+            } else {
+                None
+            }
+        }
+    };
+    if let Some(node) = copy {
+        *slot = ctx.new_dirty(node);
+    }
+    match slot {
+        Child::Mem(arc) => Ok(Arc::get_mut(arc).expect("a fresh or exclusively owned dirty node")),
+        Child::Disk(_) => unreachable!("shadow leaves a Mem child"),
+    }
+}
+
+fn leaf_needs_split(node: &Node, incoming: usize) -> bool {
+    node.size + incoming > NODE_MAX && node.len() >= 2
+}
+
+fn branch_needs_split(node: &Node, key_len: usize) -> bool {
+    node.size + branch_entry_size(key_len) > NODE_MAX && node.len() >= 2
+}
+
+fn needs_split(node: &Node, key_len: usize, leaf_incoming: usize) -> bool {
+    match node.body {
+        Body::Leaf(_) => leaf_needs_split(node, leaf_incoming),
+        Body::Branch(_) => branch_needs_split(node, key_len),
+    }
+}
+
+/// Splits `node` in two by bytes; `node` keeps the left half, the right half is
+/// returned. Both halves are non-empty.
+fn split(node: &mut Node, epoch: u64) -> Node {
+    let half = node.size / 2;
+    match &mut node.body {
+        Body::Leaf(entries) => {
+            let at = split_point(
+                entries
+                    .iter()
+                    .map(|e| leaf_entry_size(e.key.len(), &e.value)),
+                half,
+                entries.len(),
+            );
+            let right = entries.split_off(at);
+            let left = std::mem::take(entries);
+            *node = Node::new_leaf(left, epoch);
+            Node::new_leaf(right, epoch)
+        }
+        Body::Branch(entries) => {
+            let at = split_point(
+                entries.iter().map(|e| branch_entry_size(e.key.len())),
+                half,
+                entries.len(),
+            );
+            let right = entries.split_off(at);
+            let left = std::mem::take(entries);
+            let level = node.level;
+            *node = Node::new_branch(level, left, epoch);
+            Node::new_branch(level, right, epoch)
+        }
+    }
+}
+
+/// The index where the running size first reaches `half`, kept inside `1..len`.
+fn split_point(sizes: impl Iterator<Item = usize>, half: usize, len: usize) -> usize {
+    let mut sum = super::node::HEADER_SIZE;
+    let mut at = len;
+    for (i, s) in sizes.enumerate() {
+        sum += s;
+        if sum >= half {
+            at = i + 1;
+            break;
+        }
+    }
+    at.clamp(1, len - 1)
+}
+
+/// Inserts or replaces `key`. Returns the value it replaced.
+pub(crate) fn insert(
+    root: &mut Option<Child>,
+    key: &[u8],
+    value: Value,
+    ctx: &mut WriteCtx<'_>,
+) -> Result<Option<Value>> {
+    let incoming = leaf_entry_size(key.len(), &value);
+    let Some(slot) = root else {
+        let leaf = Node::new_leaf(
+            vec![LeafEntry {
+                key: key.into(),
+                value,
+            }],
+            ctx.epoch,
+        );
+        *root = Some(ctx.new_dirty(leaf));
+        return Ok(None);
+    };
+    let node = shadow(slot, ctx)?;
+    if needs_split(node, key.len(), incoming) {
+        let level = node.level + 1;
+        let right = split(node, ctx.epoch);
+        let right_key: Box<[u8]> = right.first_key().expect("non-empty half").into();
+        let left_key: Box<[u8]> = node.first_key().expect("non-empty half").into();
+        let left_child = slot.clone();
+        let right_child = ctx.new_dirty(right);
+        let new_root = Node::new_branch(
+            level,
+            vec![
+                BranchEntry {
+                    key: left_key,
+                    child: left_child,
+                },
+                BranchEntry {
+                    key: right_key,
+                    child: right_child,
+                },
+            ],
+            ctx.epoch,
+        );
+        *slot = ctx.new_dirty(new_root);
+    }
+    let node = shadow(slot, ctx)?;
+    insert_below(node, key, value, incoming, ctx)
+}
+
+/// Inserts into a writable node that has room for what this insert may add to it.
+fn insert_below(
+    node: &mut Node,
+    key: &[u8],
+    value: Value,
+    incoming: usize,
+    ctx: &mut WriteCtx<'_>,
+) -> Result<Option<Value>> {
+    let Node {
+        body, size, level, ..
+    } = node;
+    match body {
+        Body::Leaf(entries) => match entries.binary_search_by(|e| (*e.key).cmp(key)) {
+            Ok(i) => {
+                let old = std::mem::replace(&mut entries[i].value, value);
+                *size = *size + incoming - leaf_entry_size(key.len(), &old);
+                Ok(Some(old))
+            }
+            Err(i) => {
+                entries.insert(
+                    i,
+                    LeafEntry {
+                        key: key.into(),
+                        value,
+                    },
+                );
+                *size += incoming;
+                Ok(None)
+            }
+        },
+        Body::Branch(entries) => {
+            let mut idx = child_index(entries, key);
+            if idx == 0 && key < &*entries[0].key {
+                // Min-key rule: the leftmost separator follows a new minimum down.
+                *size = *size + key.len() - entries[0].key.len();
+                entries[0].key = key.into();
+            }
+            let child = shadow(&mut entries[idx].child, ctx)?;
+            if child.level + 1 != *level {
+                return Err(crate::Error::corrupted(
+                    "node",
+                    "child level does not match its parent",
+                ));
+            }
+            if needs_split(child, key.len(), incoming) {
+                let right = split(child, ctx.epoch);
+                let right_key: Box<[u8]> = right.first_key().expect("non-empty half").into();
+                *size += branch_entry_size(right_key.len());
+                let go_right = key >= &*right_key;
+                let right_child = ctx.new_dirty(right);
+                entries.insert(
+                    idx + 1,
+                    BranchEntry {
+                        key: right_key,
+                        child: right_child,
+                    },
+                );
+                if go_right {
+                    idx += 1;
+                }
+            }
+            let child = shadow(&mut entries[idx].child, ctx)?;
+            insert_below(child, key, value, incoming, ctx)
+        }
+    }
+}
+
+/// Deletes `key`. Returns its value if it was present. A key that is absent changes
+/// nothing (no node is shadowed).
+pub(crate) fn delete(
+    root: &mut Option<Child>,
+    key: &[u8],
+    ctx: &mut WriteCtx<'_>,
+) -> Result<Option<Value>> {
+    if super::get(ctx.loader, root.as_ref(), key)?.is_none() {
+        return Ok(None);
+    }
+    let slot = root.as_mut().expect("the key was found");
+    let node = shadow(slot, ctx)?;
+    let old = delete_below(node, key, ctx)?;
+    collapse_root(root);
+    Ok(old)
+}
+
+/// An empty leaf root empties the tree; a branch root with one child is replaced by it.
+fn collapse_root(root: &mut Option<Child>) {
+    loop {
+        let Some(Child::Mem(node)) = root.as_ref() else {
+            return;
+        };
+        match &node.body {
+            Body::Leaf(e) if e.is_empty() => {
+                *root = None;
+                return;
+            }
+            Body::Branch(e) if e.len() == 1 => {
+                // The root was shadowed by this delete, so dropping it frees nothing
+                // that was written.
+                let child = e[0].child.clone();
+                *root = Some(child);
+            }
+            _ => return,
+        }
+    }
+}
+
+fn delete_below(node: &mut Node, key: &[u8], ctx: &mut WriteCtx<'_>) -> Result<Option<Value>> {
+    let Node {
+        body, size, level, ..
+    } = node;
+    match body {
+        Body::Leaf(entries) => match entries.binary_search_by(|e| (*e.key).cmp(key)) {
+            Ok(i) => {
+                let e = entries.remove(i);
+                *size -= leaf_entry_size(e.key.len(), &e.value);
+                Ok(Some(e.value))
+            }
+            Err(_) => Ok(None),
+        },
+        Body::Branch(entries) => {
+            let mut idx = child_index(entries, key);
+            let child = shadow(&mut entries[idx].child, ctx)?;
+            if child.level + 1 != *level {
+                return Err(crate::Error::corrupted(
+                    "node",
+                    "child level does not match its parent",
+                ));
+            }
+            if child.size < NODE_MIN && entries.len() > 1 {
+                let (new_idx, size_change) = fix(entries, idx, ctx)?;
+                idx = new_idx;
+                *size = usize::try_from(i64::try_from(*size).expect("fits") + size_change)
+                    .expect("node size stays positive");
+            }
+            let child = shadow(&mut entries[idx].child, ctx)?;
+            delete_below(child, key, ctx)
+        }
+    }
+}
+
+/// Fixes the thin child at `idx` by merging it with a neighbour, or, when the two
+/// would be too big together, by moving entries between them. Returns the index of
+/// the node now holding `idx`'s key range and the change in the parent's size.
+fn fix(entries: &mut Vec<BranchEntry>, idx: usize, ctx: &mut WriteCtx<'_>) -> Result<(usize, i64)> {
+    let left_idx = if idx + 1 < entries.len() {
+        idx
+    } else {
+        idx - 1
+    };
+    let (head, tail) = entries.split_at_mut(left_idx + 1);
+    let left = shadow(&mut head[left_idx].child, ctx)?;
+    let right = shadow(&mut tail[0].child, ctx)?;
+    if left.size + right.size - super::node::HEADER_SIZE <= MERGE_MAX {
+        merge_into(left, right);
+        let removed = entries.remove(left_idx + 1);
+        let change = -i64::try_from(branch_entry_size(removed.key.len())).expect("small");
+        return Ok((left_idx, change));
+    }
+    rebalance(left, right, ctx.epoch);
+    let new_key: Box<[u8]> = right
+        .first_key()
+        .expect("rebalanced nodes are non-empty")
+        .into();
+    let old_len = entries[left_idx + 1].key.len();
+    let change =
+        i64::try_from(new_key.len()).expect("small") - i64::try_from(old_len).expect("small");
+    entries[left_idx + 1].key = new_key;
+    Ok((left_idx, change))
+}
+
+/// Appends all of `right`'s entries to `left`, leaving `right` empty.
+fn merge_into(left: &mut Node, right: &mut Node) {
+    match (&mut left.body, &mut right.body) {
+        (Body::Leaf(l), Body::Leaf(r)) => l.append(r),
+        (Body::Branch(l), Body::Branch(r)) => l.append(r),
+        _ => unreachable!("siblings are at the same level"),
+    }
+    left.size += right.size - super::node::HEADER_SIZE;
+    right.size = super::node::HEADER_SIZE;
+}
+
+/// Moves entries between two siblings until their sizes are as even as entries allow.
+fn rebalance(left: &mut Node, right: &mut Node, epoch: u64) {
+    let level = left.level;
+    let (sizes, all): (Vec<usize>, Body) = match (&mut left.body, &mut right.body) {
+        (Body::Leaf(l), Body::Leaf(r)) => {
+            let mut all = std::mem::take(l);
+            all.append(r);
+            (
+                all.iter()
+                    .map(|e| leaf_entry_size(e.key.len(), &e.value))
+                    .collect(),
+                Body::Leaf(all),
+            )
+        }
+        (Body::Branch(l), Body::Branch(r)) => {
+            let mut all = std::mem::take(l);
+            all.append(r);
+            (
+                all.iter().map(|e| branch_entry_size(e.key.len())).collect(),
+                Body::Branch(all),
+            )
+        }
+        _ => unreachable!("siblings are at the same level"),
+    };
+    let total: usize = sizes.iter().sum::<usize>() + super::node::HEADER_SIZE;
+    let at = split_point(
+        sizes.into_iter(),
+        total / 2,
+        match &all {
+            Body::Leaf(e) => e.len(),
+            Body::Branch(e) => e.len(),
+        },
+    );
+    match all {
+        Body::Leaf(mut e) => {
+            let r = e.split_off(at);
+            *left = Node::new_leaf(e, epoch);
+            *right = Node::new_leaf(r, epoch);
+        }
+        Body::Branch(mut e) => {
+            let r = e.split_off(at);
+            *left = Node::new_branch(level, e, epoch);
+            *right = Node::new_branch(level, r, epoch);
+        }
+    }
+}

@@ -1,0 +1,301 @@
+//! Segment files: append, read by reference, sync, delete.
+//!
+//! A segment file starts with a 32-byte header (magic, format version, segment id,
+//! checksum); blocks follow, packed, at any byte offset. The active segment takes
+//! appends until it passes `SEGMENT_TARGET_BYTES`, then a new one is created (and the
+//! directory synced, so the new file survives a crash before anything in it is
+//! relied on).
+
+use crate::error::{Error, Result};
+use crate::format::{crc, put_u32, Addr, BlockRef, Decoder, SegmentId};
+use crate::io::{VFile, Vfs};
+use crate::FORMAT_VERSION;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, RwLock};
+
+const SEGMENT_MAGIC: &[u8; 8] = b"CAMBSEG\0";
+pub(crate) const SEGMENT_HEADER_SIZE: u64 = 32;
+/// A segment stops taking appends past this size. Big enough that a checkpoint is
+/// one long sequential write, small enough that an emptied segment returns its space.
+pub(crate) const SEGMENT_TARGET_BYTES: u64 = 64 << 20;
+
+struct Appender {
+    active: Option<(SegmentId, Arc<dyn VFile>)>,
+    end: u64,
+    next_id: u32,
+    /// Segments written since their last sync.
+    unsynced: BTreeSet<SegmentId>,
+}
+
+pub(crate) struct Segments {
+    vfs: Arc<dyn Vfs>,
+    files: RwLock<BTreeMap<SegmentId, Arc<dyn VFile>>>,
+    appender: Mutex<Appender>,
+    read_only: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Segments {
+    /// Opens every segment file in the directory, checking each header. Appends go to
+    /// the end of the newest segment (never over anything already there: a crash may
+    /// have left blocks a WAL record refers to).
+    pub(crate) fn open(vfs: Arc<dyn Vfs>, read_only: bool) -> Result<Segments> {
+        let mut ids: Vec<SegmentId> = vfs
+            .list()?
+            .iter()
+            .filter_map(|n| SegmentId::parse_file_name(n))
+            .collect();
+        ids.sort();
+        let mut files = BTreeMap::new();
+        for &id in &ids {
+            let file = vfs.open(&id.file_name())?;
+            Self::check_header(&*file, id)?;
+            files.insert(id, file);
+        }
+        let next_id = ids.last().map_or(1, |id| id.0 + 1);
+        let appender = Appender {
+            active: None,
+            end: 0,
+            next_id,
+            unsynced: BTreeSet::new(),
+        };
+        Ok(Segments {
+            vfs,
+            files: RwLock::new(files),
+            appender: Mutex::new(appender),
+            read_only,
+        })
+    }
+
+    fn check_header(file: &dyn VFile, id: SegmentId) -> Result<()> {
+        let mut buf = [0u8; SEGMENT_HEADER_SIZE as usize];
+        if file.len()? < SEGMENT_HEADER_SIZE {
+            // A segment created just before a crash may have no header yet; nothing
+            // durable can live in it.
+            return Ok(());
+        }
+        file.read_exact_at(&mut buf, 0)?;
+        let mut d = Decoder::new(&buf, "segment header");
+        let bad =
+            |why: &str| Error::corrupted("segment header", format!("{}: {why}", id.file_name()));
+        if d.bytes(8)? != SEGMENT_MAGIC {
+            return Err(bad("bad magic"));
+        }
+        let version = d.u32()?;
+        let stored_id = d.u32()?;
+        d.bytes(12)?;
+        let stored_crc = d.u32()?;
+        if crc(&buf[..28]) != stored_crc {
+            return Err(bad("checksum mismatch"));
+        }
+        if version != FORMAT_VERSION {
+            return Err(Error::FormatVersion {
+                found: version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        if stored_id != id.0 {
+            return Err(bad("header names another segment"));
+        }
+        Ok(())
+    }
+
+    fn header(id: SegmentId) -> Vec<u8> {
+        let mut h = Vec::with_capacity(SEGMENT_HEADER_SIZE as usize);
+        h.extend_from_slice(SEGMENT_MAGIC);
+        put_u32(&mut h, FORMAT_VERSION);
+        put_u32(&mut h, id.0);
+        h.extend_from_slice(&[0; 12]);
+        let c = crc(&h);
+        put_u32(&mut h, c);
+        h
+    }
+
+    /// Starts a new segment file. Its creation is made durable at once.
+    fn roll(&self, app: &mut Appender) -> Result<()> {
+        let id = SegmentId(app.next_id);
+        app.next_id += 1;
+        let file = self.vfs.create(&id.file_name())?;
+        file.write_all_at(&Self::header(id), 0)?;
+        file.sync()?;
+        self.vfs.sync_dir()?;
+        self.files
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(id, file.clone());
+        app.active = Some((id, file));
+        app.end = SEGMENT_HEADER_SIZE;
+        Ok(())
+    }
+
+    fn ensure_active(&self, app: &mut Appender, len: u64) -> Result<()> {
+        let full = app.end > SEGMENT_HEADER_SIZE && app.end + len > SEGMENT_TARGET_BYTES;
+        if app.active.is_none() {
+            // After open, continue the newest segment if it has room.
+            let newest = self
+                .files
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .next_back()
+                .map(|(id, f)| (*id, f.clone()));
+            if let Some((id, file)) = newest {
+                let end = file.len()?.max(SEGMENT_HEADER_SIZE);
+                if end + len <= SEGMENT_TARGET_BYTES && file.len()? >= SEGMENT_HEADER_SIZE {
+                    app.active = Some((id, file));
+                    app.end = end;
+                    return Ok(());
+                }
+            }
+            return self.roll(app);
+        }
+        if full {
+            return self.roll(app);
+        }
+        Ok(())
+    }
+
+    /// Appends `data` as one block and returns its reference. Not durable until
+    /// [`Segments::sync`].
+    pub(crate) fn append(&self, data: &[u8]) -> Result<BlockRef> {
+        let (addr, _) = self.append_many(data)?;
+        Ok(BlockRef {
+            addr,
+            len: crate::format::len_u32(data.len()),
+            crc: crc(data),
+        })
+    }
+
+    /// Appends a buffer holding several blocks; returns the address of its first byte
+    /// (blocks inside are at that address plus their offset in the buffer) and the
+    /// segment it went to.
+    pub(crate) fn append_many(&self, data: &[u8]) -> Result<(Addr, SegmentId)> {
+        assert!(!self.read_only, "append on a read-only store");
+        let mut app = lock(&self.appender);
+        let len = data.len() as u64;
+        self.ensure_active(&mut app, len)?;
+        let (id, file) = app.active.clone().expect("ensured");
+        let at = app.end;
+        file.write_all_at(data, at)?;
+        app.end += len;
+        app.unsynced.insert(id);
+        Ok((Addr::new(id, at), id))
+    }
+
+    /// Reads a block and checks its checksum.
+    pub(crate) fn read(&self, r: BlockRef, what: &'static str) -> Result<Vec<u8>> {
+        let file = self.file(r.addr.segment()).ok_or_else(|| {
+            Error::corrupted(
+                what,
+                format!(
+                    "{:?} points into missing segment {}",
+                    r.addr,
+                    r.addr.segment().file_name()
+                ),
+            )
+        })?;
+        let mut buf = vec![0u8; r.len as usize];
+        if r.addr.offset() < SEGMENT_HEADER_SIZE {
+            return Err(Error::corrupted(
+                what,
+                format!("{:?} points into a segment header", r.addr),
+            ));
+        }
+        file.read_exact_at(&mut buf, r.addr.offset()).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                Error::corrupted(
+                    what,
+                    format!("{:?}+{} lies past the end of its segment", r.addr, r.len),
+                )
+            } else {
+                Error::Io(e)
+            }
+        })?;
+        if crc(&buf) != r.crc {
+            return Err(Error::corrupted(
+                what,
+                format!("checksum mismatch at {:?} ({} bytes)", r.addr, r.len),
+            ));
+        }
+        Ok(buf)
+    }
+
+    fn file(&self, id: SegmentId) -> Option<Arc<dyn VFile>> {
+        self.files
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&id)
+            .cloned()
+    }
+
+    /// Makes every append so far durable.
+    pub(crate) fn sync(&self) -> Result<()> {
+        let pending: Vec<SegmentId> = std::mem::take(&mut lock(&self.appender).unsynced)
+            .into_iter()
+            .collect();
+        for id in &pending {
+            if let Some(f) = self.file(*id) {
+                if let Err(e) = f.sync() {
+                    lock(&self.appender)
+                        .unsynced
+                        .extend(pending.iter().copied());
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The segment taking appends now, if any.
+    pub(crate) fn active(&self) -> Option<SegmentId> {
+        lock(&self.appender).active.as_ref().map(|(id, _)| *id)
+    }
+
+    /// The segment appends go to now or will go to next: the active one, else the
+    /// newest file (appends continue it), else the next id to be created.
+    pub(crate) fn newest(&self) -> SegmentId {
+        let app = lock(&self.appender);
+        if let Some((id, _)) = &app.active {
+            return *id;
+        }
+        let files = self
+            .files
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        files
+            .keys()
+            .next_back()
+            .copied()
+            .unwrap_or(SegmentId(app.next_id))
+    }
+
+    /// Ids and sizes of every segment file.
+    pub(crate) fn sizes(&self) -> Result<Vec<(SegmentId, u64)>> {
+        let files: Vec<_> = self
+            .files
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|(id, f)| (*id, f.clone()))
+            .collect();
+        files
+            .into_iter()
+            .map(|(id, f)| Ok((id, f.len()?)))
+            .collect()
+    }
+
+    /// Deletes an empty segment. The caller guarantees nothing reachable lives in it.
+    pub(crate) fn delete(&self, id: SegmentId) -> Result<()> {
+        assert_ne!(self.active(), Some(id), "deleting the active segment");
+        self.files
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&id);
+        lock(&self.appender).unsynced.remove(&id);
+        self.vfs.remove(&id.file_name())?;
+        Ok(())
+    }
+}
