@@ -1,7 +1,7 @@
 //! The page cache: clean, decoded nodes by physical address, under a memory budget.
 //!
 //! Replacement is CLOCK with credits: a hit refills an entry's credit, the hand takes
-//! one credit per pass and evicts at zero. Branch nodes get more credit than leaves
+//! one credit per pass and evicts at zero. Leaves are inserted without credit. Branch nodes get more credit than leaves
 //! (level + 1, capped), so the top levels of every tree stay hot while leaves of a
 //! large scan cycle through. The cache is sharded by address to keep lock hold times
 //! short; hits take only a shard's read lock.
@@ -91,7 +91,13 @@ impl PageCache {
         while shard.bytes + size > self.shard_budget && !shard.slots.is_empty() {
             Self::evict_one(&mut shard);
         }
-        let credit = AtomicU8::new(credit_for(&node));
+        // Leaves enter cold (no credit until their first hit), so a long scan cannot
+        // flush out what is hot; branches enter with their level's credit.
+        let credit = AtomicU8::new(if node.level == 0 {
+            0
+        } else {
+            credit_for(&node)
+        });
         let i = shard.slots.len();
         shard.slots.push(Slot { addr, node, credit });
         shard.index.insert(addr, i);

@@ -1,0 +1,132 @@
+//! Commits, reads and checkpoints at the same time.
+//!
+//! Method: several writer threads commit transactions that each set two keys of a
+//! pair to the same counter value (plus some filler), with tiny checkpoint
+//! thresholds so background checkpoints run constantly underneath them. Reader
+//! threads take views and check that both keys of every pair agree (atomicity and
+//! snapshot isolation) and that a view never goes backwards in LSN. At the end the
+//! store is verified, closed, reopened, and every pair's final value is checked.
+
+use cambium::{Durability, Options, Store};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const PAIRS: u32 = 50;
+const WRITERS: u32 = 3;
+const TXNS_PER_WRITER: u32 = 300;
+
+fn pair_keys(p: u32) -> (Vec<u8>, Vec<u8>) {
+    (
+        format!("pair/{p:04}/a").into_bytes(),
+        format!("pair/{p:04}/b").into_bytes(),
+    )
+}
+
+#[test]
+fn commits_reads_and_checkpoints_interleave() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let opts = Options {
+        checkpoint_wal_bytes: 16 << 10,
+        checkpoint_dirty_bytes: 64 << 10,
+        checkpoint_interval: Some(Duration::from_millis(5)),
+        cache_bytes: 1 << 20,
+        ..Options::default()
+    };
+    let store = Store::create_with(&path, opts.clone()).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let store = store.clone();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut last_lsn = 0;
+                let mut checks = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let view = store.read().unwrap();
+                    assert!(view.lsn() >= last_lsn, "a newer view went back in time");
+                    last_lsn = view.lsn();
+                    for p in (0..PAIRS).step_by(7) {
+                        let (a, b) = pair_keys(p);
+                        assert_eq!(
+                            view.get(&a).unwrap(),
+                            view.get(&b).unwrap(),
+                            "torn pair {p}"
+                        );
+                        checks += 1;
+                    }
+                    let n = view.prefix(b"pair/").unwrap().count();
+                    assert_eq!(n % 2, 0, "a scan saw half a pair");
+                }
+                checks
+            })
+        })
+        .collect();
+
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                for t in 0..TXNS_PER_WRITER {
+                    let mut txn = store.begin_write().unwrap();
+                    if t % 5 == 0 {
+                        txn.set_durability(Durability::Deferred);
+                    }
+                    let p = (w * 7 + t * 13) % PAIRS;
+                    let value = format!("{w}-{t}").into_bytes();
+                    let (a, b) = pair_keys(p);
+                    txn.put(&a, &value).unwrap();
+                    txn.put(&b, &value).unwrap();
+                    for f in 0..5 {
+                        let filler = format!("filler/{w}/{:06}", (t * 5 + f) % 400);
+                        if t % 3 == 0 {
+                            txn.delete(filler.as_bytes()).unwrap();
+                        } else {
+                            txn.put(filler.as_bytes(), &vec![b'x'; (t % 90) as usize])
+                                .unwrap();
+                        }
+                    }
+                    txn.commit().unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
+    }
+
+    let generations = store.stats().unwrap().generation;
+    assert!(
+        generations > 5,
+        "background checkpoints did not run underneath ({generations})"
+    );
+    let final_state: Vec<(Vec<u8>, Vec<u8>)> = store
+        .read()
+        .unwrap()
+        .iter()
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    store.checkpoint().unwrap();
+    let report = store.verify().unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    store.close().unwrap();
+
+    let store = Store::open_with(&path, opts).unwrap();
+    let reopened: Vec<(Vec<u8>, Vec<u8>)> = store
+        .read()
+        .unwrap()
+        .iter()
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(final_state, reopened);
+    let report = store.verify().unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}
