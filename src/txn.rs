@@ -212,10 +212,7 @@ impl<'s> WriteTxn<'s> {
     /// Reads `key` as this transaction sees it (its own writes included).
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let loader = self.shared.loader();
-        match btree::get(loader, self.root.as_ref(), key)? {
-            Some(v) => Ok(Some(loader.value(&v)?)),
-            None => Ok(None),
-        }
+        btree::get_with(loader, self.root.as_ref(), key, |v| loader.value(v))
     }
 
     /// Runs a tree edit; frees the extent of any value it replaced or removed.
@@ -386,15 +383,13 @@ impl ReadTxn {
 
     /// The value of `key`, if present.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        match btree::get(self.loader(), self.root.as_ref(), key)? {
-            Some(v) => Ok(Some(self.loader().value(&v)?)),
-            None => Ok(None),
-        }
+        let loader = self.loader();
+        btree::get_with(loader, self.root.as_ref(), key, |v| loader.value(v))
     }
 
     /// Whether `key` is present (never reads an out-of-line value).
     pub fn contains_key(&self, key: &[u8]) -> Result<bool> {
-        Ok(btree::get(self.loader(), self.root.as_ref(), key)?.is_some())
+        btree::contains(self.loader(), self.root.as_ref(), key)
     }
 
     /// The pairs whose keys fall in `range`, in key order (`.rev()` for reverse).

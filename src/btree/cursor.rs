@@ -2,7 +2,7 @@
 //! There is no leaf chaining (Rodeh §2): moving past the end of a leaf climbs the
 //! stack to the next subtree and descends its leftmost (or rightmost) path.
 
-use super::node::{Body, LeafEntry, Node, MAX_DEPTH};
+use super::node::{Body, Key, LeafEntry, Node, Probe, MAX_DEPTH};
 use super::{child_index, Loader};
 use crate::btree::node::Child;
 use crate::error::{Error, Result};
@@ -17,6 +17,16 @@ pub(crate) enum Seek<'k> {
     AtOrAfter(&'k [u8], bool),
     /// The last entry with key `<= k` (or `< k` when `exclusive`).
     AtOrBefore(&'k [u8], bool),
+}
+
+/// Whether an entry with `key` lies before the seek position: below `k`, or at `k`
+/// too when `inclusive_of_k`.
+fn before(key: &Key, k: &[u8], inclusive_of_k: bool) -> bool {
+    match key.cmp_probe(&Probe::new(k)) {
+        std::cmp::Ordering::Less => true,
+        std::cmp::Ordering::Equal => inclusive_of_k,
+        std::cmp::Ordering::Greater => false,
+    }
 }
 
 #[derive(Default)]
@@ -40,7 +50,9 @@ impl Cursor {
                     let idx = match seek {
                         Seek::First => 0,
                         Seek::Last => entries.len() - 1,
-                        Seek::AtOrAfter(k, _) | Seek::AtOrBefore(k, _) => child_index(entries, k),
+                        Seek::AtOrAfter(k, _) | Seek::AtOrBefore(k, _) => {
+                            child_index(entries, &Probe::new(k))
+                        }
                     };
                     let child = loader.child_of(node.level, &entries[idx].child)?;
                     c.stack.push((node, idx));
@@ -51,14 +63,12 @@ impl Cursor {
                     let (pos, forward) = match seek {
                         Seek::First => (0, true),
                         Seek::Last => (entries.len().wrapping_sub(1), false),
-                        Seek::AtOrAfter(k, excl) => (
-                            entries
-                                .partition_point(|e| if excl { &*e.key <= k } else { &*e.key < k }),
-                            true,
-                        ),
+                        Seek::AtOrAfter(k, excl) => {
+                            (entries.partition_point(|e| before(&e.key, k, excl)), true)
+                        }
                         Seek::AtOrBefore(k, excl) => (
                             entries
-                                .partition_point(|e| if excl { &*e.key < k } else { &*e.key <= k })
+                                .partition_point(|e| before(&e.key, k, !excl))
                                 .wrapping_sub(1),
                             false,
                         ),

@@ -22,7 +22,8 @@ use crate::cache::PageCache;
 use crate::error::{Error, Result};
 use crate::format::BlockRef;
 use crate::space::Segments;
-use node::{Body, BranchEntry, Child, Node, Value, MAX_DEPTH};
+use node::{Body, BranchEntry, Child, Node, Probe, Value, MAX_DEPTH};
+use std::cmp::Ordering;
 use std::sync::Arc;
 
 /// Resolves child references to nodes: in-memory ones directly, written ones through
@@ -83,31 +84,42 @@ impl Loader<'_> {
 
 /// The index of the child to descend into for `key`: the last entry whose key is
 /// `<= key`, or the first when `key` is below all of them.
-pub(crate) fn child_index(entries: &[BranchEntry], key: &[u8]) -> usize {
+pub(crate) fn child_index(entries: &[BranchEntry], key: &Probe<'_>) -> usize {
     entries
-        .partition_point(|e| &*e.key <= key)
+        .partition_point(|e| e.key.cmp_probe(key) != Ordering::Greater)
         .saturating_sub(1)
 }
 
-/// Point lookup.
-pub(crate) fn get(loader: Loader<'_>, root: Option<&Child>, key: &[u8]) -> Result<Option<Value>> {
+/// Point lookup: runs `f` on the value of `key`, if present, without copying it.
+pub(crate) fn get_with<R>(
+    loader: Loader<'_>,
+    root: Option<&Child>,
+    key: &[u8],
+    f: impl FnOnce(&Value) -> Result<R>,
+) -> Result<Option<R>> {
     let Some(root) = root else { return Ok(None) };
+    let probe = Probe::new(key);
     let mut node = loader.resolve(root)?;
     for _ in 0..MAX_DEPTH {
         let next = match &node.body {
             Body::Leaf(entries) => {
-                return Ok(entries
-                    .binary_search_by(|e| (*e.key).cmp(key))
-                    .ok()
-                    .map(|i| entries[i].value.clone()));
+                return match entries.binary_search_by(|e| e.key.cmp_probe(&probe)) {
+                    Ok(i) => f(&entries[i].value).map(Some),
+                    Err(_) => Ok(None),
+                };
             }
             Body::Branch(entries) => {
-                loader.child_of(node.level, &entries[child_index(entries, key)].child)?
+                loader.child_of(node.level, &entries[child_index(entries, &probe)].child)?
             }
         };
         node = next;
     }
     Err(Error::corrupted("node", "tree deeper than MAX_DEPTH"))
+}
+
+/// Whether `key` is present.
+pub(crate) fn contains(loader: Loader<'_>, root: Option<&Child>, key: &[u8]) -> Result<bool> {
+    Ok(get_with(loader, root, key, |_| Ok(()))?.is_some())
 }
 
 /// Visits every node reachable from `root` (pre-order), resolving through `loader`.

@@ -44,10 +44,11 @@ const KIND_BRANCH: u8 = 2;
 const VALUE_INLINE: u8 = 0;
 const VALUE_EXTENT: u8 = 1;
 
-/// A value stored in a leaf: inline bytes, or a reference to its own extent.
+/// A value stored in a leaf: inline bytes (shared between copies of the leaf), or a
+/// reference to its own extent.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Value {
-    Inline(Box<[u8]>),
+    Inline(Arc<[u8]>),
     Extent(BlockRef),
 }
 
@@ -86,15 +87,85 @@ impl Child {
     }
 }
 
+/// A key (shared, so copying a node for copy-on-write bumps reference counts instead
+/// of allocating), with its first 8 bytes also kept as a big-endian integer: searches compare
+/// that integer first and touch the key's own allocation only on a tie, so a binary
+/// search over a node reads one contiguous array instead of chasing a pointer per probe.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Key {
+    prefix: u64,
+    bytes: Arc<[u8]>,
+}
+
+/// A search key in the same form.
+#[derive(Clone, Copy)]
+pub(crate) struct Probe<'a> {
+    prefix: u64,
+    bytes: &'a [u8],
+}
+
+/// The first 8 bytes, zero-padded, as a big-endian integer. Zero padding keeps the
+/// integer order consistent with byte order: if two prefixes differ, so do the keys, in
+/// the same direction (a shorter key padded with zeros is a prefix of the other).
+fn prefix_of(bytes: &[u8]) -> u64 {
+    let mut p = [0u8; 8];
+    let n = bytes.len().min(8);
+    p[..n].copy_from_slice(&bytes[..n]);
+    u64::from_be_bytes(p)
+}
+
+impl Key {
+    pub(crate) fn cmp_probe(&self, probe: &Probe<'_>) -> std::cmp::Ordering {
+        match self.prefix.cmp(&probe.prefix) {
+            std::cmp::Ordering::Equal => (*self.bytes).cmp(probe.bytes),
+            other => other,
+        }
+    }
+}
+
+impl<'a> Probe<'a> {
+    pub(crate) fn new(bytes: &'a [u8]) -> Self {
+        Probe {
+            prefix: prefix_of(bytes),
+            bytes,
+        }
+    }
+}
+
+impl std::ops::Deref for Key {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl From<&[u8]> for Key {
+    fn from(bytes: &[u8]) -> Key {
+        Key {
+            prefix: prefix_of(bytes),
+            bytes: bytes.into(),
+        }
+    }
+}
+
+impl From<Arc<[u8]>> for Key {
+    fn from(bytes: Arc<[u8]>) -> Key {
+        Key {
+            prefix: prefix_of(&bytes),
+            bytes,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub(crate) struct LeafEntry {
-    pub key: Box<[u8]>,
+    pub key: Key,
     pub value: Value,
 }
 
 #[derive(Clone, Debug)]
 pub(crate) struct BranchEntry {
-    pub key: Box<[u8]>,
+    pub key: Key,
     pub child: Child,
 }
 
@@ -311,11 +382,11 @@ impl Node {
         Ok(node)
     }
 
-    fn decode_key(d: &mut Decoder<'_>, len: usize) -> Result<Box<[u8]>> {
+    fn decode_key(d: &mut Decoder<'_>, len: usize) -> Result<Key> {
         if len == 0 || len > MAX_KEY_LEN {
             return Err(d.error(format!("key length {len} out of range")));
         }
-        Ok(d.bytes(len)?.into())
+        Ok(Key::from(d.bytes(len)?))
     }
 
     fn decode_leaf(d: &mut Decoder<'_>, count: usize) -> Result<Vec<LeafEntry>> {
@@ -380,11 +451,11 @@ mod tests {
         let node = Node::new_leaf(
             vec![
                 LeafEntry {
-                    key: b"a".to_vec().into(),
+                    key: (&b"a"[..]).into(),
                     value: Value::Inline(b"one".to_vec().into()),
                 },
                 LeafEntry {
-                    key: b"b".to_vec().into(),
+                    key: (&b"b"[..]).into(),
                     value: Value::Extent(ext),
                 },
             ],
@@ -406,7 +477,7 @@ mod tests {
         let node = Node::new_leaf(
             (0..20u8)
                 .map(|i| LeafEntry {
-                    key: vec![b'k', i].into(),
+                    key: (&[b'k', i][..]).into(),
                     value: Value::Inline(vec![i; 9].into()),
                 })
                 .collect(),

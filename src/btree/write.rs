@@ -12,8 +12,8 @@
 //!   its bytes; shared blocks (reference count > 1) arrive with versions.
 
 use super::node::{
-    branch_entry_size, leaf_entry_size, Body, BranchEntry, Child, LeafEntry, Node, Value,
-    MERGE_MAX, NODE_MAX, NODE_MIN,
+    branch_entry_size, leaf_entry_size, Body, BranchEntry, Child, Key, LeafEntry, Node, Probe,
+    Value, MERGE_MAX, NODE_MAX, NODE_MIN,
 };
 use super::{child_index, Loader};
 use crate::error::Result;
@@ -163,8 +163,8 @@ pub(crate) fn insert(
     if needs_split(node, key.len(), incoming) {
         let level = node.level + 1;
         let right = split(node, ctx.epoch);
-        let right_key: Box<[u8]> = right.first_key().expect("non-empty half").into();
-        let left_key: Box<[u8]> = node.first_key().expect("non-empty half").into();
+        let right_key: Key = right.first_key().expect("non-empty half").into();
+        let left_key: Key = node.first_key().expect("non-empty half").into();
         let left_child = slot.clone();
         let right_child = ctx.new_dirty(right);
         let new_root = Node::new_branch(
@@ -199,26 +199,28 @@ fn insert_below(
         body, size, level, ..
     } = node;
     match body {
-        Body::Leaf(entries) => match entries.binary_search_by(|e| (*e.key).cmp(key)) {
-            Ok(i) => {
-                let old = std::mem::replace(&mut entries[i].value, value);
-                *size = *size + incoming - leaf_entry_size(key.len(), &old);
-                Ok(Some(old))
+        Body::Leaf(entries) => {
+            match entries.binary_search_by(|e| e.key.cmp_probe(&Probe::new(key))) {
+                Ok(i) => {
+                    let old = std::mem::replace(&mut entries[i].value, value);
+                    *size = *size + incoming - leaf_entry_size(key.len(), &old);
+                    Ok(Some(old))
+                }
+                Err(i) => {
+                    entries.insert(
+                        i,
+                        LeafEntry {
+                            key: key.into(),
+                            value,
+                        },
+                    );
+                    *size += incoming;
+                    Ok(None)
+                }
             }
-            Err(i) => {
-                entries.insert(
-                    i,
-                    LeafEntry {
-                        key: key.into(),
-                        value,
-                    },
-                );
-                *size += incoming;
-                Ok(None)
-            }
-        },
+        }
         Body::Branch(entries) => {
-            let mut idx = child_index(entries, key);
+            let mut idx = child_index(entries, &Probe::new(key));
             if idx == 0 && key < &*entries[0].key {
                 // Min-key rule: the leftmost separator follows a new minimum down.
                 *size = *size + key.len() - entries[0].key.len();
@@ -233,7 +235,7 @@ fn insert_below(
             }
             if needs_split(child, key.len(), incoming) {
                 let right = split(child, ctx.epoch);
-                let right_key: Box<[u8]> = right.first_key().expect("non-empty half").into();
+                let right_key: Key = right.first_key().expect("non-empty half").into();
                 *size += branch_entry_size(right_key.len());
                 let go_right = key >= &*right_key;
                 let right_child = ctx.new_dirty(right);
@@ -261,7 +263,7 @@ pub(crate) fn delete(
     key: &[u8],
     ctx: &mut WriteCtx<'_>,
 ) -> Result<Option<Value>> {
-    if super::get(ctx.loader, root.as_ref(), key)?.is_none() {
+    if !super::contains(ctx.loader, root.as_ref(), key)? {
         return Ok(None);
     }
     let slot = root.as_mut().expect("the key was found");
@@ -298,16 +300,18 @@ fn delete_below(node: &mut Node, key: &[u8], ctx: &mut WriteCtx<'_>) -> Result<O
         body, size, level, ..
     } = node;
     match body {
-        Body::Leaf(entries) => match entries.binary_search_by(|e| (*e.key).cmp(key)) {
-            Ok(i) => {
-                let e = entries.remove(i);
-                *size -= leaf_entry_size(e.key.len(), &e.value);
-                Ok(Some(e.value))
+        Body::Leaf(entries) => {
+            match entries.binary_search_by(|e| e.key.cmp_probe(&Probe::new(key))) {
+                Ok(i) => {
+                    let e = entries.remove(i);
+                    *size -= leaf_entry_size(e.key.len(), &e.value);
+                    Ok(Some(e.value))
+                }
+                Err(_) => Ok(None),
             }
-            Err(_) => Ok(None),
-        },
+        }
         Body::Branch(entries) => {
-            let mut idx = child_index(entries, key);
+            let mut idx = child_index(entries, &Probe::new(key));
             let child = shadow(&mut entries[idx].child, ctx)?;
             if child.level + 1 != *level {
                 return Err(crate::Error::corrupted(
@@ -346,7 +350,7 @@ fn fix(entries: &mut Vec<BranchEntry>, idx: usize, ctx: &mut WriteCtx<'_>) -> Re
         return Ok((left_idx, change));
     }
     rebalance(left, right, ctx.epoch);
-    let new_key: Box<[u8]> = right
+    let new_key: Key = right
         .first_key()
         .expect("rebalanced nodes are non-empty")
         .into();

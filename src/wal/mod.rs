@@ -104,10 +104,6 @@ impl Wal {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    pub(crate) fn generation(&self) -> u64 {
-        self.lock().gen
-    }
-
     pub(crate) fn last_lsn(&self) -> Lsn {
         self.lock().last_lsn
     }
