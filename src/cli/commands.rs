@@ -319,7 +319,14 @@ pub fn batch(
     let pb = spinner("batch: operations applied");
     let result = run_batch(ctx, out, input, &store, branch, commit_every, &pb);
     pb.finish_and_clear();
-    result?;
+    if let Err(e) = result {
+        // The process exits next. Leave without closing (no close-time checkpoint),
+        // as a crash would: every acknowledged commit is durable in the synced WAL and
+        // is recovered by the next open, and nothing of the failed transaction can
+        // reach the disk by any path.
+        std::mem::forget(store);
+        return Err(e);
+    }
     store.close()?;
     Ok(())
 }
@@ -441,6 +448,32 @@ pub fn stats(ctx: &Ctx, out: &mut impl Write, dir: &Path) -> CliResult {
     out.write_all(text.as_bytes()).map_err(output_error)
 }
 
+/// Runs `verify`, with a progress bar (bytes checked) on stderr when it is a terminal.
+fn verify_store(store: &Store) -> Result<cambium::VerifyReport, cambium::Error> {
+    if !std::io::stderr().is_terminal() {
+        return store.verify();
+    }
+    // The bytes to check: roughly the live tree and extents plus the WAL.
+    let total = store
+        .stats()
+        .map(|s| s.live_bytes + s.wal_bytes)
+        .unwrap_or(0);
+    let pb = indicatif::ProgressBar::new(total.max(1));
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "verifying {bar:30} {bytes}/{total_bytes} [{elapsed}]",
+    ) {
+        pb.set_style(style);
+    }
+    let report = store.verify_with_progress(&mut |bytes| {
+        if bytes > pb.length().unwrap_or(0) {
+            pb.set_length(bytes);
+        }
+        pb.set_position(bytes);
+    });
+    pb.finish_and_clear();
+    report
+}
+
 /// `verify --json` output: the report plus a `clean` flag.
 #[derive(Serialize)]
 struct JsonVerify<'a> {
@@ -451,13 +484,7 @@ struct JsonVerify<'a> {
 
 /// `cambium verify DIR`
 pub fn verify(ctx: &Ctx, out: &mut impl Write, dir: &Path) -> CliResult {
-    let pb = spinner("verifying");
-    let opened = open_read_only(dir);
-    let report = match opened {
-        Ok(store) => store.verify(),
-        Err(e) => Err(e),
-    };
-    pb.finish_and_clear();
+    let report = open_read_only(dir).and_then(|store| verify_store(&store));
     let report = match report {
         Ok(r) => r,
         // A store too damaged to open is a verify finding, not a tool failure.
