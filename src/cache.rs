@@ -160,7 +160,7 @@ mod tests {
     fn leaf(addr: Addr) -> Arc<Node> {
         let n = Node::new_leaf(
             vec![LeafEntry {
-                key: b"k".to_vec().into(),
+                key: (&b"k"[..]).into(),
                 value: Value::Inline(vec![0; 1000].into()),
             }],
             0,
