@@ -400,6 +400,11 @@ pub fn checkpoint(dir: &Path) -> CliResult {
     Ok(())
 }
 
+/// "1 file", "2 files".
+fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// `cambium stats DIR`
 pub fn stats(ctx: &Ctx, out: &mut impl Write, dir: &Path) -> CliResult {
     let store = open_read_only(dir)?;
@@ -407,7 +412,6 @@ pub fn stats(ctx: &Ctx, out: &mut impl Write, dir: &Path) -> CliResult {
     if ctx.json {
         return print_json(out, &s);
     }
-    let plural = |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
     let text = format!(
         "store              {dir}\n\
          format version     {fv}\n\
@@ -419,7 +423,7 @@ pub fn stats(ctx: &Ctx, out: &mut impl Write, dir: &Path) -> CliResult {
          extents (main)     {extents}, {extent_bytes}\n\
          segments           {segments}, {segment_bytes} (live {live}, dead {dead})\n\
          wal                {wal_files}, {wal_bytes} not yet checkpointed\n\
-         cache              {cache_bytes} of {cache_cap}, hit rate {rate:.1}% ({hits} hits, {misses} misses)\n",
+         cache              {cache_bytes} of {cache_cap}, hit rate {rate:.1}% ({hits}, {misses})\n",
         dir = dir.display(),
         fv = s.format_version,
         gen = s.generation,
@@ -442,8 +446,8 @@ pub fn stats(ctx: &Ctx, out: &mut impl Write, dir: &Path) -> CliResult {
         cache_bytes = human_bytes(s.cache_bytes),
         cache_cap = human_bytes(s.cache_capacity_bytes),
         rate = s.cache_hit_rate * 100.0,
-        hits = s.cache_hits,
-        misses = s.cache_misses,
+        hits = plural(s.cache_hits, "hit", "hits"),
+        misses = plural(s.cache_misses, "miss", "misses"),
     );
     out.write_all(text.as_bytes()).map_err(output_error)
 }
@@ -504,14 +508,13 @@ pub fn verify(ctx: &Ctx, out: &mut impl Write, dir: &Path) -> CliResult {
         )?;
     } else {
         let mut text = format!(
-            "checked {} versions, {} nodes, {} extents, {} keys, {} read; \
-             {} WAL records past the checkpoint{}\n",
-            report.versions,
-            report.nodes,
-            report.extents,
-            report.keys,
+            "checked {}, {}, {}, {}, {} read; {} past the checkpoint{}\n",
+            plural(report.versions, "version", "versions"),
+            plural(report.nodes, "node", "nodes"),
+            plural(report.extents, "extent", "extents"),
+            plural(report.keys, "key", "keys"),
             human_bytes(report.bytes),
-            report.wal_records,
+            plural(report.wal_records, "WAL record", "WAL records"),
             if report.wal_torn_tail {
                 " (a torn record at the WAL's end was ignored)"
             } else {

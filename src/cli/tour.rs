@@ -297,7 +297,7 @@ fn run_tour(
     say(format!(
         "6. Checkpointed (dirty tree nodes written bottom-up into segments, then the superblock flipped). Stats:\n   \
          {} keys, tree depth {}, {} leaf + {} branch nodes, {} extents ({});\n   \
-         {} segment files, {} ({} live, {} dead); WAL {}; cache hit rate {:.1}%.",
+         {} segment file{}, {} ({} live, {} dead); WAL {}; cache hit rate {:.1}%.",
         stats.keys,
         stats.depth,
         stats.leaf_nodes,
@@ -305,6 +305,7 @@ fn run_tour(
         stats.extents,
         human_bytes(stats.extent_bytes),
         stats.segments,
+        if stats.segments == 1 { "" } else { "s" },
         human_bytes(stats.segment_bytes),
         human_bytes(stats.live_bytes),
         human_bytes(stats.dead_bytes),
