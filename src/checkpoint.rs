@@ -221,12 +221,19 @@ fn flush_chunk(
     Ok(())
 }
 
-/// Deletes WAL generations older than `first_live`.
+/// Deletes WAL generations older than `first_live`, keeping one as the spare the next
+/// generation reuses.
 pub(crate) fn remove_stale_wal(shared: &Shared, first_live: u64) -> Result<()> {
     let mut removed = false;
+    let mut have_spare = shared.vfs.exists(wal::SPARE_FILE)?;
     for name in shared.vfs.list()? {
         if wal::parse_file_name(&name).is_some_and(|g| g < first_live) {
-            shared.vfs.remove(&name)?;
+            if have_spare {
+                shared.vfs.remove(&name)?;
+            } else {
+                shared.vfs.rename(&name, wal::SPARE_FILE)?;
+                have_spare = true;
+            }
             removed = true;
         }
     }

@@ -34,6 +34,17 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 pub(crate) const KIND_BATCH: u8 = 1;
 
+/// A log file kept after a checkpoint for the next generation to reuse: overwriting
+/// blocks a file already owns lets `fdatasync` skip the metadata journal, which on
+/// this class of machine is the difference between ~0.15 ms and several ms per commit.
+/// Its old records carry another generation's salt, so they can never validate.
+pub(crate) const SPARE_FILE: &str = "wal-spare.log";
+
+/// A new log file (when no spare exists) is filled with this many zero bytes first,
+/// for the same reason. Zeros read as the end of the log (a record is at least a
+/// batch header long).
+const PREALLOC_BYTES: usize = 4 << 20;
+
 pub(crate) fn file_name(gen: u64) -> String {
     format!("wal-{gen:016x}.log")
 }
@@ -198,15 +209,21 @@ impl Wal {
     fn file_for_write(&self, st: &mut State) -> Result<(Arc<dyn VFile>, u64)> {
         if st.file.is_none() {
             let name = file_name(st.gen);
-            let file = match self.vfs.create(&name) {
-                Ok(f) => f,
-                // A leftover of a crashed run: recovery already read what it held.
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    let f = self.vfs.open(&name)?;
-                    f.set_len(0)?;
-                    f
-                }
-                Err(e) => return Err(e.into()),
+            let file = if self.vfs.exists(&name)? {
+                // A leftover of a crashed run: recovery already read what it held, and
+                // this generation starts after it. Truncate so its records cannot be
+                // mistaken for this run's (same salt).
+                let f = self.vfs.open(&name)?;
+                f.set_len(0)?;
+                f
+            } else if self.vfs.exists(SPARE_FILE)? {
+                self.vfs.rename(SPARE_FILE, &name)?;
+                self.vfs.open(&name)?
+            } else {
+                let f = self.vfs.create(&name)?;
+                f.write_all_at(&vec![0u8; PREALLOC_BYTES], 0)?;
+                f.sync()?;
+                f
             };
             self.vfs.sync_dir()?;
             st.file = Some(file);

@@ -9,6 +9,8 @@ use crate::io::VFile;
 pub(crate) const RECORD_HEADER_SIZE: usize = 20;
 /// A record larger than this is not one we wrote: treat it as the torn tail.
 const RECORD_MAX: u32 = 1 << 30;
+/// Every payload starts with `branch u32 | count u32`.
+const MIN_PAYLOAD: usize = 8;
 
 const OP_PUT_INLINE: u8 = 1;
 const OP_PUT_EXTENT: u8 = 2;
@@ -117,7 +119,8 @@ pub(crate) struct LogRead {
     pub records: Vec<(Lsn, u8, Vec<u8>)>,
     /// Bytes of valid records.
     pub valid_bytes: u64,
-    /// Whether bytes followed the last valid record (a torn or stale tail).
+    /// Whether non-zero bytes followed the last valid record: a torn record, or old
+    /// records of a recycled file.
     pub torn_tail: bool,
 }
 
@@ -141,8 +144,8 @@ pub(crate) fn read_log(file: &dyn VFile, gen: u64, first_lsn: Option<Lsn>) -> Re
             header[8..16].try_into().expect("8 bytes"),
         ));
         let kind = header[16];
-        if payload_len > RECORD_MAX {
-            break;
+        if payload_len > RECORD_MAX || (payload_len as usize) < MIN_PAYLOAD {
+            break; // torn, or the zeros of a preallocated file
         }
         let body_start = pos + RECORD_HEADER_SIZE;
         let Some(payload) = data.get(body_start..body_start + payload_len as usize) else {
