@@ -56,7 +56,7 @@ fn ok(o: Output) -> String {
     stdout(&o)
 }
 
-/// Asserts exit `code`, empty stdout and a one-line `cambium: error: ...` message on
+/// Asserts exit `code` and a one-line `cambium: error: ...` message on
 /// stderr containing `needle`; returns the message.
 #[track_caller]
 fn fails(o: Output, code: i32, needle: &str) -> String {
@@ -638,4 +638,44 @@ fn wrong_format_version_exits_3() {
         let err = fails(run(&args), 3, "format version");
         assert!(err.contains('2'), "{err}");
     }
+}
+
+#[test]
+fn corruption_is_exit_5_and_verify_reports_it_with_exit_4() {
+    let t = TestStore::new();
+    assert_eq!(ok(t.batch(&[], &puts(0..3000))), "committed 3000\n");
+    // The batch closed the store, so everything is checkpointed into segments.
+    let mut segs: Vec<PathBuf> = std::fs::read_dir(&t.dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("seg-"))
+        .collect();
+    segs.sort();
+    assert!(!segs.is_empty(), "no segment files in {:?}", t.dir);
+    for seg in &segs {
+        let mut b = std::fs::read(seg).unwrap();
+        for i in (256..b.len()).step_by(512) {
+            b[i] ^= 0x5a;
+        }
+        std::fs::write(seg, &b).unwrap();
+    }
+    fails(t.run("scan", &[]), 5, "corrupt");
+
+    let o = t.run("verify", &[]);
+    let out = stdout(&o);
+    fails(o, 4, "verify found");
+    assert!(out.contains("problem: "), "{out}");
+    assert!(!out.contains("\nclean\n"), "{out}");
+    let o = t.run("verify", &["--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["clean"], false);
+    assert!(!v["problems"].as_array().unwrap().is_empty());
+    fails(o, 4, "verify found");
+
+    // A superblock with no valid slot: verify still reports (exit 4), others exit 5.
+    std::fs::write(t.dir.join("superblock"), vec![0xa5; 8192]).unwrap();
+    fails(t.run("get", &["key00001"]), 5, "superblock");
+    let o = t.run("verify", &[]);
+    assert!(stdout(&o).contains("problem: "), "{}", stdout(&o));
+    fails(o, 4, "verify found");
 }

@@ -129,7 +129,7 @@ pub struct ScanArgs {
     /// Read this version (branch or snapshot) instead of main.
     #[arg(long, value_name = "VERSION")]
     pub at: Option<String>,
-    /// Only keys starting with P.
+    /// Only keys starting with P (cannot be combined with --from).
     #[arg(long, value_name = "P", conflicts_with = "from")]
     pub prefix: Option<String>,
     /// Start at key K (inclusive).
