@@ -1,6 +1,6 @@
 //! Adapters for the three engines.
 
-use crate::workload::{Engine, Key, Res, Value, VALUE_SIZE};
+use crate::workload::{Engine, Key, Res, Tuning, Value, VALUE_SIZE};
 use std::ops::Bound;
 use std::path::Path;
 
@@ -22,9 +22,13 @@ pub struct Cambium {
 impl Engine for Cambium {
     const NAME: &'static str = "cambium";
 
-    fn create(dir: &Path) -> Res<Self> {
-        // Default options (256 MiB cache, background checkpoints on).
-        let store = cambium::Store::create(dir.join("store"))?;
+    fn create(dir: &Path, tuning: &Tuning) -> Res<Self> {
+        // Default options (256 MiB cache, background checkpoints on) unless tuned.
+        let mut opts = cambium::Options::default();
+        if let Some(b) = tuning.cambium_cache_bytes {
+            opts.cache_bytes = b;
+        }
+        let store = cambium::Store::create_with(dir.join("store"), opts)?;
         Ok(Cambium { store })
     }
 
@@ -99,7 +103,7 @@ pub struct Redb {
 impl Engine for Redb {
     const NAME: &'static str = "redb";
 
-    fn create(dir: &Path) -> Res<Self> {
+    fn create(dir: &Path, _: &Tuning) -> Res<Self> {
         let db = redb::Builder::new()
             .set_cache_size(4 << 30)
             .create(dir.join("bench.redb"))?;
@@ -178,7 +182,7 @@ pub struct Lmdb {
 impl Engine for Lmdb {
     const NAME: &'static str = "lmdb";
 
-    fn create(dir: &Path) -> Res<Self> {
+    fn create(dir: &Path, _: &Tuning) -> Res<Self> {
         let path = dir.join("lmdb");
         std::fs::create_dir_all(&path)?;
         // SAFETY: a fresh directory only this process uses; default (durable) flags.

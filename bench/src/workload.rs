@@ -70,12 +70,19 @@ pub fn pairs(seed: u64, count: u64) -> impl Iterator<Item = (Key, Value)> {
     (0..count).map(move |_| rng.pair())
 }
 
+/// Engine settings that differ from the defaults (diagnosis knobs; none by default).
+#[derive(Clone, Debug, Default)]
+pub struct Tuning {
+    /// cambium's `Options::cache_bytes`; `None` keeps cambium's default.
+    pub cambium_cache_bytes: Option<usize>,
+}
+
 /// One benchmarked engine. Every write method is one durable transaction.
 pub trait Engine: Sized {
     const NAME: &'static str;
 
     /// Create a fresh database inside the (empty, existing) directory `dir`.
-    fn create(dir: &Path) -> Res<Self>;
+    fn create(dir: &Path, tuning: &Tuning) -> Res<Self>;
 
     /// One write transaction inserting every pair, committed durably.
     fn insert_txn(&mut self, pairs: impl Iterator<Item = (Key, Value)>) -> Res<()>;
