@@ -320,11 +320,9 @@ pub fn batch(
     let result = run_batch(ctx, out, input, &store, branch, commit_every, &pb);
     pb.finish_and_clear();
     if let Err(e) = result {
-        // The process exits next. Leave without closing (no close-time checkpoint),
-        // as a crash would: every acknowledged commit is durable in the synced WAL and
-        // is recovered by the next open, and nothing of the failed transaction can
-        // reach the disk by any path.
-        std::mem::forget(store);
+        // The failed transaction was aborted when it was dropped; closing checkpoints
+        // only what was committed. The batch's error is the one to report.
+        let _ = store.close();
         return Err(e);
     }
     store.close()?;
