@@ -258,11 +258,17 @@ impl Shared {
                 let _ = h.join();
             }
         }
-        if !self.opts.read_only
-            && self.opts.checkpoint_on_close
-            && lock(&self.poisoned).is_none()
-            && self.has_unwritten()
-        {
+        if self.opts.read_only || lock(&self.poisoned).is_some() {
+            return Ok(());
+        }
+        // Deferred commits are acknowledged and visible: a clean close makes them
+        // durable whether or not it checkpoints.
+        let last = self.wal.last_lsn();
+        if let Err(e) = self.wal.sync_to(last, &self.segments) {
+            self.poison(&e);
+            return Err(e);
+        }
+        if self.opts.checkpoint_on_close && self.has_unwritten() {
             checkpoint::run(self, None)?;
         }
         Ok(())

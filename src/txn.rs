@@ -88,7 +88,12 @@ pub struct WriteTxn<'s> {
     shared: &'s Shared,
     guard: Option<MutexGuard<'s, WriterState>>,
     version: VersionId,
+    /// The working root, edited by this transaction.
     root: Option<Child>,
+    /// The committed root this transaction started from, restored on abort. Holding it
+    /// also keeps every node it reaches shared, so `shadow` copies rather than edits
+    /// them in place.
+    base: Option<Child>,
     delta: SpaceDelta,
     superseded: Vec<Arc<Node>>,
     dirtied_bytes: u64,
@@ -122,7 +127,7 @@ impl<'s> WriteTxn<'s> {
             return Err(Error::ReadOnly(format!("{branch:?} is a snapshot")));
         }
         let id = version.id;
-        let root = guard
+        let base = guard
             .catalog
             .by_id_mut(id)
             .expect("found above")
@@ -135,7 +140,8 @@ impl<'s> WriteTxn<'s> {
             shared,
             guard: Some(guard),
             version: id,
-            root,
+            root: base.clone(),
+            base,
             delta: SpaceDelta::default(),
             superseded: Vec::new(),
             dirtied_bytes: 0,
@@ -267,6 +273,7 @@ impl<'s> WriteTxn<'s> {
             .by_id_mut(self.version)
             .expect("version of an open transaction")
             .root = self.root.take();
+        self.base = None;
         w.delta.merge(std::mem::take(&mut self.delta));
         w.superseded.append(&mut self.superseded);
         w.dirty_bytes += self.dirtied_bytes;
@@ -286,7 +293,7 @@ impl<'s> WriteTxn<'s> {
                 .catalog
                 .by_id_mut(self.version)
                 .expect("open version")
-                .root = self.root.take();
+                .root = self.base.take();
             return Ok(());
         }
         let lsn = guard.last_lsn.next();
@@ -307,7 +314,7 @@ impl<'s> WriteTxn<'s> {
                 .catalog
                 .by_id_mut(self.version)
                 .expect("open version")
-                .root = self.root.take();
+                .root = self.base.take();
             return Err(e);
         }
         self.install(&mut guard, lsn);
@@ -342,7 +349,7 @@ impl Drop for WriteTxn<'_> {
                 .catalog
                 .by_id_mut(self.version)
                 .expect("open version")
-                .root = self.root.take();
+                .root = self.base.take();
         }
     }
 }

@@ -320,8 +320,9 @@ fn delete_below(node: &mut Node, key: &[u8], ctx: &mut WriteCtx<'_>) -> Result<O
                 ));
             }
             if child.size < NODE_MIN && entries.len() > 1 {
-                let (new_idx, size_change) = fix(entries, idx, ctx)?;
-                idx = new_idx;
+                let size_change = fix(entries, idx, ctx)?;
+                // A merge or a rebalance moves the boundary: look the key up again.
+                idx = child_index(entries, &Probe::new(key));
                 *size = usize::try_from(i64::try_from(*size).expect("fits") + size_change)
                     .expect("node size stays positive");
             }
@@ -332,9 +333,9 @@ fn delete_below(node: &mut Node, key: &[u8], ctx: &mut WriteCtx<'_>) -> Result<O
 }
 
 /// Fixes the thin child at `idx` by merging it with a neighbour, or, when the two
-/// would be too big together, by moving entries between them. Returns the index of
-/// the node now holding `idx`'s key range and the change in the parent's size.
-fn fix(entries: &mut Vec<BranchEntry>, idx: usize, ctx: &mut WriteCtx<'_>) -> Result<(usize, i64)> {
+/// would be too big together, by moving entries between them. Returns the change in
+/// the parent's size.
+fn fix(entries: &mut Vec<BranchEntry>, idx: usize, ctx: &mut WriteCtx<'_>) -> Result<i64> {
     let left_idx = if idx + 1 < entries.len() {
         idx
     } else {
@@ -347,7 +348,7 @@ fn fix(entries: &mut Vec<BranchEntry>, idx: usize, ctx: &mut WriteCtx<'_>) -> Re
         merge_into(left, right);
         let removed = entries.remove(left_idx + 1);
         let change = -i64::try_from(branch_entry_size(removed.key.len())).expect("small");
-        return Ok((left_idx, change));
+        return Ok(change);
     }
     rebalance(left, right, ctx.epoch);
     let new_key: Key = right
@@ -358,7 +359,7 @@ fn fix(entries: &mut Vec<BranchEntry>, idx: usize, ctx: &mut WriteCtx<'_>) -> Re
     let change =
         i64::try_from(new_key.len()).expect("small") - i64::try_from(old_len).expect("small");
     entries[left_idx + 1].key = new_key;
-    Ok((left_idx, change))
+    Ok(change)
 }
 
 /// Appends all of `right`'s entries to `left`, leaving `right` empty.
