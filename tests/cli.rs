@@ -679,3 +679,34 @@ fn corruption_is_exit_5_and_verify_reports_it_with_exit_4() {
     assert!(stdout(&o).contains("problem: "), "{}", stdout(&o));
     fails(o, 4, "verify found");
 }
+
+#[test]
+fn store_in_use_by_a_writer_exits_3() {
+    let t = TestStore::new();
+    t.put("a", "1");
+    // A batch waiting on stdin holds the store open for writing.
+    let mut writer = Command::new(BIN)
+        .args(["batch", t.d(), "--commit-every", "1"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = writer.stdin.take().unwrap();
+    stdin.write_all(b"put\tb\t2\n").unwrap();
+    stdin.flush().unwrap();
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(writer.stdout.as_mut().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    assert_eq!(first, "committed 1\n");
+    fails(t.run("get", &["a"]), 3, "in use");
+    fails(t.run("put", &["c", "3"]), 3, "in use");
+    drop(stdin);
+    let o = writer.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // Once the writer is gone the store opens again.
+    assert_eq!(ok(t.run("get", &["b"])), "2\n");
+}

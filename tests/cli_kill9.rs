@@ -18,14 +18,18 @@ fn key(i: u64) -> String {
     format!("key{i:09}")
 }
 
-/// Values of varied sizes; every 97th is larger than 1 KiB and so stored out of line.
+/// Values of varied sizes, about 400 bytes on average, so a round's 200k operations
+/// write more WAL (about 80 MB) than the 64 MiB that triggers a checkpoint: late kill
+/// points land after or during a checkpoint made by the committing thread. Every 97th
+/// value is larger than 1 KiB and so stored out of line.
 fn value(i: u64) -> String {
     let pad = if i.is_multiple_of(97) {
         1500
     } else {
-        (i % 40) as usize
+        300 + (i % 200) as usize
     };
-    format!("v{i}-{}", "x".repeat(pad))
+    let fill = char::from(b'a' + (i % 26) as u8);
+    format!("v{i}-{}", fill.to_string().repeat(pad))
 }
 
 /// A small deterministic generator for the kill points (xorshift64*).
@@ -123,7 +127,11 @@ fn crash_round(dir: &Path, start: u64, kill_after: u64) -> u64 {
     }
     child.kill().expect("SIGKILL the batch"); // SIGKILL on Unix
     let status = child.wait().unwrap();
-    assert!(!status.success(), "the batch was killed, not finished");
+    // Near the end of the input the batch may have finished before the kill landed;
+    // then every operation must be there, which the caller's checks cover too.
+    if status.success() {
+        eprintln!("the batch finished before it was killed");
+    }
     feeder.join().unwrap();
     acked
 }
@@ -152,7 +160,7 @@ fn kill9_during_batch_keeps_a_committed_prefix() {
         let kill_after = match round {
             0 => 1 + rng.below(20),
             1 => 20 + rng.below(40),
-            _ => 100 + rng.below(500),
+            _ => 100 + rng.below(OPS_PER_ROUND / COMMIT_EVERY - 110),
         };
         let acked = crash_round(&dir, present, kill_after);
 
