@@ -77,6 +77,19 @@ impl Engine for Cambium {
         Ok(sum)
     }
 
+    fn progress(&self) -> Option<String> {
+        let s = self.store.stats().ok()?;
+        Some(format!(
+            "generation {} checkpoint_lsn {} last_lsn {} wal {} dirty_nodes {} cache hit rate {:.3}",
+            s.generation,
+            s.checkpoint_lsn,
+            s.last_lsn,
+            s.wal_bytes,
+            s.dirty_nodes,
+            s.cache_hit_rate
+        ))
+    }
+
     fn describe(&self) -> Option<String> {
         self.store
             .stats()

@@ -226,9 +226,17 @@ fn timed<T>(w: W, out: &mut RunResult, f: impl FnOnce() -> Res<T>) -> Res<T> {
     let t = Instant::now();
     let r = f()?;
     let d = t.elapsed();
-    eprintln!("    {:<18} {:>10.3} ms", w.key(), d.as_secs_f64() * 1e3);
+    eprint!("    {:<18} {:>10.3} ms", w.key(), d.as_secs_f64() * 1e3);
     out.times.insert(w, d);
     Ok(r)
+}
+
+/// Ends the progress line `timed` started, with the engine's state if it reports one.
+fn progress<E: Engine>(e: &E) {
+    match e.progress() {
+        Some(p) => eprintln!("   [{p}]"),
+        None => eprintln!(),
+    }
 }
 
 fn run_engine<E: Engine>(c: &Config, rep: usize) -> Res<RunResult> {
@@ -249,6 +257,7 @@ fn run_engine<E: Engine>(c: &Config, rep: usize) -> Res<RunResult> {
         let n = c.n;
 
         timed(W::BulkLoad, &mut out, || e.insert_txn(pairs(SEED_MAIN, n)))?;
+        progress(&e);
 
         let mut rng = Rng::new(SEED_INDIVIDUAL);
         timed(W::IndividualWrites, &mut out, || {
@@ -257,6 +266,7 @@ fn run_engine<E: Engine>(c: &Config, rep: usize) -> Res<RunResult> {
             }
             Ok(())
         })?;
+        progress(&e);
 
         let mut rng = Rng::new(SEED_BATCH);
         timed(W::BatchWrites, &mut out, || {
@@ -265,8 +275,10 @@ fn run_engine<E: Engine>(c: &Config, rep: usize) -> Res<RunResult> {
             }
             Ok(())
         })?;
+        progress(&e);
 
         let sum = timed(W::RandomReads, &mut out, || e.read_txn(pairs(SEED_MAIN, n)))?;
+        progress(&e);
         if sum != n * workload::VALUE_SIZE as u64 {
             return Err(format!("random reads: value bytes {sum}, expected {}", n * 150).into());
         }
@@ -289,6 +301,7 @@ fn run_engine<E: Engine>(c: &Config, rep: usize) -> Res<RunResult> {
             });
             e.range_txn(keys, c.range_len)
         })?;
+        progress(&e);
         if scans > 0 && sum == 0 {
             return Err("range reads returned nothing".into());
         }
@@ -297,6 +310,7 @@ fn run_engine<E: Engine>(c: &Config, rep: usize) -> Res<RunResult> {
         let removed = timed(W::Removals, &mut out, || {
             e.remove_txn(pairs(SEED_MAIN, removals).map(|(k, _)| k))
         })?;
+        progress(&e);
         if removed != removals {
             let w = format!(
                 "removals: delete reported {} of {} existing keys as present",
@@ -311,6 +325,7 @@ fn run_engine<E: Engine>(c: &Config, rep: usize) -> Res<RunResult> {
             eprintln!("    {d}");
         }
         timed(W::Close, &mut out, || e.close())?;
+        eprintln!();
 
         let (a, b) = dir_size(&dir)?;
         out.size_apparent = a;

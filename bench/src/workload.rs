@@ -102,6 +102,11 @@ pub trait Engine: Sized {
     /// checkpoint + close; redb: drop; LMDB: close the environment).
     fn close(self) -> Res<()>;
 
+    /// A one-line engine state summary printed to stderr after each phase (untimed).
+    fn progress(&self) -> Option<String> {
+        None
+    }
+
     /// Engine-specific notes printed to stderr before `close` (e.g. cambium's stats).
     fn describe(&self) -> Option<String> {
         None
