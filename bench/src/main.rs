@@ -343,6 +343,26 @@ fn run_engine<E: Engine>(c: &Config, rep: usize) -> Res<RunResult> {
     result
 }
 
+/// Median latency, in µs, of a 4 KiB overwrite + `fdatasync` of a scratch file in `dir`
+/// (100 rounds): the floor under every durable commit, printed to show how busy the disk
+/// was when the benchmark ran.
+fn fsync_probe(dir: &Path) -> Option<f64> {
+    use std::os::unix::fs::FileExt;
+    let path = dir.join(format!("cambium-bench-fsync-probe-{}", std::process::id()));
+    let f = std::fs::File::create(&path).ok()?;
+    let buf = [0x5au8; 4096];
+    let mut v = Vec::with_capacity(100);
+    for i in 0..100u64 {
+        let t = Instant::now();
+        f.write_all_at(&buf, (i % 4) * 4096).ok()?;
+        f.sync_data().ok()?;
+        v.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    drop(f);
+    let _ = std::fs::remove_file(&path);
+    Some(median(&mut v))
+}
+
 /// (sum of file lengths, sum of allocated blocks × 512) under `dir`, recursively.
 fn dir_size(dir: &Path) -> std::io::Result<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
@@ -590,7 +610,11 @@ fn report(
         "- {}, cambium at `{}`",
         mach["rustc"], mach["cambium_commit"]
     );
-    let _ = writeln!(o, "- load average at start: {}", mach["loadavg_at_start"]);
+    let _ = writeln!(
+        o,
+        "- load average at start: {}; median 4 KiB write + fdatasync: {} before, {} after the runs",
+        mach["loadavg_at_start"], mach["fsync_median_before"], mach["fsync_median_after"]
+    );
     if let Some(b) = c.tuning.cambium_cache_bytes {
         let _ = writeln!(
             o,
@@ -842,8 +866,14 @@ fn main() {
         eprintln!("error: cannot create {}: {e}", c.dir.display());
         std::process::exit(2);
     }
-    let mach = machine(&c);
+    let mut mach = machine(&c);
     eprintln!("config: {c:?}");
+    let probe = |m: &mut BTreeMap<&'static str, String>, k: &'static str| {
+        let v = fsync_probe(&c.dir).map_or("?".into(), |us| format!("{us:.0} µs"));
+        eprintln!("fsync probe ({k}): {v}");
+        m.insert(k, v);
+    };
+    probe(&mut mach, "fsync_median_before");
     let mut results: BTreeMap<String, Vec<RunResult>> = BTreeMap::new();
     let mut failures: BTreeMap<String, String> = BTreeMap::new();
     for rep in 0..c.runs {
@@ -862,6 +892,7 @@ fn main() {
             }
         }
     }
+    probe(&mut mach, "fsync_median_after");
     let md = report(&c, &mach, &results, &failures);
     println!("{md}");
     if let Some(path) = &c.json {
