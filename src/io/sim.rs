@@ -548,8 +548,19 @@ impl VFile for SimFile {
         let mut inner = self.lock_inner();
         inner.mutate()?;
         let f = inner.file(self.id);
-        f.durable = f.current.clone();
-        f.pending.clear();
+        // Replaying the pending operations onto the durable bytes costs only what
+        // was written since the last sync (copying `current` would cost the whole,
+        // possibly preallocated, file at every fsync).
+        for p in std::mem::take(&mut f.pending) {
+            match p {
+                Pending::SetLen(len) => f.durable.resize(len as usize, 0),
+                Pending::Write { offset, data } => apply_write(&mut f.durable, offset, &data),
+            }
+        }
+        debug_assert!(
+            f.durable == f.current,
+            "durable + pending must equal current"
+        );
         Ok(())
     }
 
