@@ -562,7 +562,7 @@ fn concurrent_commits_then_power_loss() {
                 ..sim_options(&vfs)
             };
             let store = ctx(Store::create_with(SIM_PATH, opts), "create")?;
-            let acked: Arc<Mutex<Vec<(Vec<u8>, Vec<u8>)>>> = Arc::default();
+            let acked: Arc<Mutex<Model>> = Arc::default();
             // Errors before the power loss (no fault is injected: each is an engine bug).
             let early: Arc<Mutex<Vec<String>>> = Arc::default();
             let value_of = |key: &[u8]| -> Vec<u8> {
@@ -591,7 +591,9 @@ fn concurrent_commits_then_power_loss() {
                             };
                             match r {
                                 // Deferred commits are not durable: not recorded.
-                                Ok(()) if i % 3 != 0 => acked.lock().unwrap().push((key, value)),
+                                Ok(()) if i % 3 != 0 => {
+                                    acked.lock().unwrap().insert(key, value);
+                                }
                                 Ok(()) => {}
                                 Err(e) => {
                                     if !vfs.is_crashed() {
