@@ -33,6 +33,9 @@ use cambium::io::sim::SimVfs;
 use cambium::{Durability, Store};
 use common::*;
 
+/// A key and its value.
+type Entry = (Vec<u8>, Vec<u8>);
+
 /// One transaction's writes.
 type Writes = Vec<(Vec<u8>, Option<Vec<u8>>)>;
 
@@ -438,6 +441,157 @@ fn faults_during_recovery() {
                     verify_clean(&s, &label)?;
                 }
             }
+        }
+        Ok(())
+    });
+}
+
+/// Read errors (`read_exact_at` failing, persistently or once) while opening,
+/// reading, scanning and verifying a checkpointed store with a small cache: every
+/// operation returns the right data or an `Err`, never a panic or wrong data; once
+/// the fault is gone, the same store instance reads everything correctly (a failed
+/// read must not leave a bad node in the cache) and a reopen is clean.
+#[test]
+fn read_faults() {
+    run_seeds("read_faults", "fault_read", 2, |seed| {
+        let mut rng = Rng::new(seed ^ 0x4EAD);
+        let vfs = SimVfs::new();
+        let opts = cambium::Options {
+            cache_bytes: 32 * 1024,
+            ..sim_options(&vfs)
+        };
+        let store = ctx(Store::create_with(SIM_PATH, opts.clone()), "create")?;
+        let mut model = Model::new();
+        for round in 0..8 {
+            let mut txn = ctx(store.begin_write(), "begin")?;
+            for _ in 0..60 {
+                let key = gen_key(&mut rng, &model);
+                let value = gen_value(&mut rng);
+                ctx(txn.put(&key, &value), "put")?;
+                model.insert(key, value);
+            }
+            ctx(txn.commit(), "commit")?;
+            if round % 3 == 0 {
+                ctx(store.checkpoint(), "checkpoint")?;
+            }
+        }
+        ctx(store.close(), "close")?;
+        let image = vfs.fork();
+        // Everything a read pass does, returning the first wrong answer.
+        let pass = |store: &Store| -> Result<u64, String> {
+            let mut errors = 0;
+            let read = match store.read() {
+                Ok(r) => r,
+                Err(_) => return Ok(1),
+            };
+            for (k, v) in &model {
+                match read.get(k) {
+                    Ok(Some(got)) if &got == v => {}
+                    Ok(other) => {
+                        return Err(format!(
+                            "get({}) returned wrong data: {:?} bytes",
+                            show(k),
+                            other.map(|g| g.len())
+                        ))
+                    }
+                    Err(_) => errors += 1,
+                }
+            }
+            for reverse in [false, true] {
+                let Ok(iter) = read.iter() else {
+                    errors += 1;
+                    continue;
+                };
+                let items: Box<dyn Iterator<Item = cambium::Result<Entry>>> = if reverse {
+                    Box::new(iter.rev())
+                } else {
+                    Box::new(iter)
+                };
+                let mut want: Box<dyn Iterator<Item = (&Vec<u8>, &Vec<u8>)>> = if reverse {
+                    Box::new(model.iter().rev())
+                } else {
+                    Box::new(model.iter())
+                };
+                for item in items {
+                    match item {
+                        Ok((k, v)) => match want.next() {
+                            Some((wk, wv)) if *wk == k && *wv == v => {}
+                            _ => {
+                                return Err(format!(
+                                    "scan (reverse {reverse}) returned wrong data at {}",
+                                    show(&k)
+                                ))
+                            }
+                        },
+                        Err(_) => {
+                            errors += 1;
+                            break;
+                        }
+                    }
+                }
+            }
+            if store.verify().is_err() {
+                errors += 1;
+            }
+            Ok(errors)
+        };
+        // Reads of one clean open + pass.
+        let measure = image.fork();
+        let s = ctx(
+            Store::open_with(
+                SIM_PATH,
+                cambium::Options {
+                    vfs: Some(std::sync::Arc::new(measure.clone())),
+                    ..opts.clone()
+                },
+            ),
+            "open",
+        )?;
+        if pass(&s)? != 0 {
+            return Err("errors without any fault".into());
+        }
+        let total = measure.read_count();
+        drop(s);
+        let mut errored = 0;
+        let points = 40u64;
+        for p in 0..points {
+            let k = p * total / points + rng.below((total / points).max(1));
+            let persistent = p % 2 == 0;
+            let label = format!("read fault at read {k}/{total} persistent={persistent}");
+            let v = image.fork();
+            if persistent {
+                v.set_read_fail_after(Some(k));
+            } else {
+                v.set_read_fail_once_after(Some(k));
+            }
+            let o = cambium::Options {
+                vfs: Some(std::sync::Arc::new(v.clone())),
+                ..opts.clone()
+            };
+            match Store::open_with(SIM_PATH, o.clone()) {
+                Ok(s) => {
+                    errored += pass(&s).map_err(|e| format!("{label}: {e}"))?;
+                    v.set_read_fail_after(None);
+                    v.set_read_fail_once_after(None);
+                    if pass(&s).map_err(|e| format!("{label}, after the fault: {e}"))? != 0 {
+                        return Err(format!("{label}: reads still fail after the fault is gone"));
+                    }
+                    drop(s);
+                }
+                Err(_) => {
+                    errored += 1;
+                    v.set_read_fail_after(None);
+                    v.set_read_fail_once_after(None);
+                }
+            }
+            let s = Store::open_with(SIM_PATH, o).map_err(|e| format!("{label}: reopen: {e}"))?;
+            if pass(&s).map_err(|e| format!("{label}, reopened: {e}"))? != 0 {
+                return Err(format!("{label}: errors after reopening without faults"));
+            }
+            verify_clean(&s, &label)?;
+        }
+        if errored == 0 {
+            return Err("no read fault ever surfaced as an error".into());
         }
         Ok(())
     });

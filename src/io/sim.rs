@@ -20,6 +20,8 @@
 //! - [`SimVfs::set_fail_after`] / [`SimVfs::set_fail_once_after`] inject I/O errors
 //!   at the N-th next mutating operation (`write_all_at`, `sync`, `set_len`, `create`,
 //!   `remove`, `rename`, `sync_dir`). A failed operation has no effect.
+//!   [`SimVfs::set_read_fail_after`] / [`SimVfs::set_read_fail_once_after`] do the
+//!   same for `read_exact_at`.
 //!
 //! Everything is deterministic: no randomness but the crash seed (splitmix64), and
 //! files are visited in name order.
@@ -76,6 +78,9 @@ struct Inner {
     ops: u64,
     fail_from: Option<u64>,
     fail_once_at: Option<u64>,
+    reads: u64,
+    read_fail_from: Option<u64>,
+    read_fail_once_at: Option<u64>,
 }
 
 fn power_loss() -> io::Error {
@@ -157,6 +162,21 @@ impl Inner {
             if index >= from {
                 return Err(injected());
             }
+        }
+        Ok(())
+    }
+
+    /// Accounts for one read; errors if a read fault is armed for it.
+    fn read_op(&mut self) -> io::Result<()> {
+        self.check_alive()?;
+        let index = self.reads;
+        self.reads += 1;
+        if self.read_fail_once_at == Some(index) {
+            self.read_fail_once_at = None;
+            return Err(injected());
+        }
+        if self.read_fail_from.is_some_and(|from| index >= from) {
+            return Err(injected());
         }
         Ok(())
     }
@@ -377,6 +397,9 @@ impl SimVfs {
         copy.ops = 0;
         copy.fail_from = None;
         copy.fail_once_at = None;
+        copy.reads = 0;
+        copy.read_fail_from = None;
+        copy.read_fail_once_at = None;
         copy.gc();
         Self::from_inner(copy)
     }
@@ -398,6 +421,24 @@ impl SimVfs {
     pub fn set_fail_once_after(&self, ops: Option<u64>) {
         let mut inner = self.lock_inner();
         inner.fail_once_at = ops.map(|n| inner.ops + n);
+    }
+
+    /// After `reads` more `read_exact_at` calls, every read fails (a persistent
+    /// read fault); `None` disarms.
+    pub fn set_read_fail_after(&self, reads: Option<u64>) {
+        let mut inner = self.lock_inner();
+        inner.read_fail_from = reads.map(|n| inner.reads + n);
+    }
+
+    /// The read after `reads` more of them fails once; `None` disarms.
+    pub fn set_read_fail_once_after(&self, reads: Option<u64>) {
+        let mut inner = self.lock_inner();
+        inner.read_fail_once_at = reads.map(|n| inner.reads + n);
+    }
+
+    /// `read_exact_at` calls so far (failed ones included).
+    pub fn read_count(&self) -> u64 {
+        self.lock_inner().reads
     }
 
     /// Mutating operations attempted so far (failed ones included).
@@ -516,7 +557,7 @@ impl Drop for SimFile {
 impl VFile for SimFile {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let mut inner = self.lock_inner();
-        inner.check_alive()?;
+        inner.read_op()?;
         let f = inner.file(self.id);
         let start = offset as usize;
         let end = start
@@ -925,6 +966,23 @@ mod tests {
         f.write_all_at(b"4", 3).unwrap();
         assert_eq!(read_all(&f), b"1234");
         assert!(f.set_len(0).is_ok());
+    }
+
+    #[test]
+    fn read_faults() {
+        let vfs = SimVfs::new();
+        let f = durable_file(&vfs, b"abc");
+        let mut buf = [0u8; 1];
+        vfs.set_read_fail_once_after(Some(1));
+        f.read_exact_at(&mut buf, 0).unwrap();
+        assert!(f.read_exact_at(&mut buf, 0).is_err());
+        f.read_exact_at(&mut buf, 0).unwrap();
+        vfs.set_read_fail_after(Some(0));
+        assert!(f.read_exact_at(&mut buf, 0).is_err());
+        assert!(f.write_all_at(b"x", 0).is_ok(), "writes are not affected");
+        vfs.set_read_fail_after(None);
+        f.read_exact_at(&mut buf, 0).unwrap();
+        assert_eq!(vfs.read_count(), 5);
     }
 
     #[test]
