@@ -25,6 +25,9 @@
 //! - an open that hits a fault returns `Err` (or succeeds with correct data), and a
 //!   later open without faults succeeds with every acknowledged commit.
 //!
+//! - read faults (`read_exact_at` failing) during open, point reads, scans and
+//!   verify give right data or `Err`, and leave nothing bad behind once gone.
+//!
 //! Replay one seed with `CAMBIUM_SEED=N`; scale with `CAMBIUM_FAULT_CASES=N`.
 
 mod common;
