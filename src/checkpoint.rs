@@ -55,13 +55,15 @@ pub(crate) fn run(shared: &Shared, held: Option<&mut WriterState>) -> Result<()>
     let result = match held {
         Some(w) => {
             let mut durable = lock(&shared.durable);
-            let frozen = freeze(shared, w)?;
+            let generation = durable.sb.generation + 1;
+            let frozen = freeze(shared, w, generation)?;
             write(shared, &mut durable, frozen)
         }
         None => {
             let mut w = shared.lock_writer();
             let mut durable = lock(&shared.durable);
-            let frozen = freeze(shared, &mut w);
+            let generation = durable.sb.generation + 1;
+            let frozen = freeze(shared, &mut w, generation);
             drop(w);
             frozen.and_then(|frozen| write(shared, &mut durable, frozen))
         }
@@ -78,7 +80,7 @@ pub(crate) fn run(shared: &Shared, held: Option<&mut WriterState>) -> Result<()>
     }
 }
 
-fn freeze(shared: &Shared, w: &mut WriterState) -> Result<Frozen> {
+fn freeze(shared: &Shared, w: &mut WriterState, generation: u64) -> Result<Frozen> {
     shared.check_writable()?;
     // Nodes replaced while the previous checkpoint was writing them: that checkpoint
     // has finished (checkpoints are serialised by the durable lock), so they have
@@ -93,8 +95,10 @@ fn freeze(shared: &Shared, w: &mut WriterState) -> Result<Frozen> {
     let first_unsafe_segment = shared.segments.newest();
     let closed_gen = shared.wal.rotate(&shared.segments)?;
     if shared.wal.last_lsn() < w.last_lsn {
-        // A large transaction committed without a WAL record takes its LSN here.
-        shared.wal.skip_lsn(w.last_lsn);
+        // A large transaction committed without a batch record: mark its LSN.
+        shared
+            .wal
+            .append_checkpoint_commit(w.last_lsn, generation)?;
     }
     let frozen = Frozen {
         catalog: w.catalog.clone(),
@@ -165,11 +169,13 @@ fn write(shared: &Shared, durable: &mut crate::store::Durable, frozen: Frozen) -
         created_unix_ms: durable.sb.created_unix_ms,
     };
     SuperblockFile::write(&*durable.sb_file, &sb)?;
-    // Durable from here on.
-    durable.sb = sb;
+    // Durable from here on. The previous superblock becomes the fallback; keep the log
+    // it replays from.
+    let previous = std::mem::replace(&mut durable.sb, sb);
+    durable.fallback = Some(previous);
     durable.usage = meta.usage;
     shared.wal.checkpoint_done();
-    remove_stale_wal(shared, sb.wal_gen)?;
+    remove_stale_wal(shared, previous.wal_gen)?;
     queue_empty_segments(shared, durable, frozen.lsn, frozen.first_unsafe_segment)?;
     Ok(())
 }
@@ -243,6 +249,16 @@ pub(crate) fn remove_stale_wal(shared: &Shared, first_live: u64) -> Result<()> {
     Ok(())
 }
 
+/// A segment a durable checkpoint emptied, waiting until nothing can reach it.
+pub(crate) struct PendingDelete {
+    segment: SegmentId,
+    /// Views at an LSN below this may still reach the segment.
+    lsn: Lsn,
+    /// The superblock generation that emptied it: the fallback superblock may reach it
+    /// until a later generation is durable.
+    generation: u64,
+}
+
 /// Queues every segment that the durable usage table says is empty, and that no
 /// post-freeze write can be using, for deletion.
 fn queue_empty_segments(
@@ -251,16 +267,15 @@ fn queue_empty_segments(
     lsn: Lsn,
     first_unsafe: SegmentId,
 ) -> Result<()> {
-    let meta_segment = durable.sb.meta.addr.segment();
     let mut pending = lock(&shared.pending_deletes);
     for (id, _) in shared.segments.sizes()? {
         let empty = !durable.usage.contains_key(&id);
-        if empty
-            && id < first_unsafe
-            && id != meta_segment
-            && !pending.iter().any(|(_, s)| *s == id)
-        {
-            pending.push((lsn, id));
+        if empty && id < first_unsafe && !pending.iter().any(|p| p.segment == id) {
+            pending.push(PendingDelete {
+                segment: id,
+                lsn,
+                generation: durable.sb.generation,
+            });
         }
     }
     Ok(())
@@ -274,15 +289,26 @@ fn after_durable(shared: &Shared) {
 }
 
 pub(crate) fn delete_unreachable_segments(shared: &Shared) {
+    let (generation, metas) = {
+        let d = lock(&shared.durable);
+        let metas: Vec<SegmentId> = std::iter::once(d.sb)
+            .chain(d.fallback)
+            .map(|sb| sb.meta.addr.segment())
+            .collect();
+        (d.sb.generation, metas)
+    };
     let oldest_view = shared.views.oldest();
     let mut pending = lock(&shared.pending_deletes);
-    pending.retain(|&(lsn, id)| {
-        let reachable = oldest_view.is_some_and(|v| v < lsn);
-        if reachable || shared.segments.active() == Some(id) {
+    pending.retain(|p| {
+        let reachable = oldest_view.is_some_and(|v| v < p.lsn)
+            || generation <= p.generation
+            || metas.contains(&p.segment)
+            || shared.segments.active() == Some(p.segment);
+        if reachable {
             return true;
         }
         // A failed delete leaves dead bytes behind, nothing worse; try again later.
-        shared.segments.delete(id).is_err()
+        shared.segments.delete(p.segment).is_err()
     });
 }
 

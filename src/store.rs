@@ -111,6 +111,10 @@ pub(crate) struct WriterState {
 /// The durable state: what the newest superblock says. Guarded by the checkpoint lock.
 pub(crate) struct Durable {
     pub sb: Superblock,
+    /// The other slot's superblock, the one recovery falls back to if `sb`'s slot is
+    /// damaged. Everything it needs is kept: WAL generations from its `wal_gen` on,
+    /// and segments until a checkpoint after the one that emptied them.
+    pub fallback: Option<Superblock>,
     pub sb_file: Arc<dyn VFile>,
     pub usage: Usage,
     pub refcounts: BTreeMap<Addr, u32>,
@@ -160,7 +164,7 @@ pub(crate) struct Shared {
     pub views: Arc<ViewRegistry>,
     /// Segments emptied by a durable checkpoint, deletable once no view older than
     /// the LSN can reach them.
-    pub pending_deletes: Mutex<Vec<(Lsn, crate::format::SegmentId)>>,
+    pub pending_deletes: Mutex<Vec<crate::checkpoint::PendingDelete>>,
     pub poisoned: Mutex<Option<String>>,
     background: Arc<(Mutex<Background>, Condvar)>,
     bg_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -258,8 +262,12 @@ impl Shared {
                 let _ = h.join();
             }
         }
-        if self.opts.read_only || lock(&self.poisoned).is_some() {
+        if self.opts.read_only {
             return Ok(());
+        }
+        if let Some(why) = lock(&self.poisoned).as_ref() {
+            // Commits not yet durable could not be made so: say it.
+            return Err(Error::Poisoned(why.clone()));
         }
         // Deferred commits are acknowledged and visible: a clean close makes them
         // durable whether or not it checkpoints.
@@ -379,6 +387,10 @@ impl Store {
         let sb_file = SuperblockFile::read(&*vfs, &label)?;
         let segments = Segments::open(vfs.clone(), opts.read_only)?;
         let (sb, meta) = load_newest(&sb_file, &segments)?;
+        let fallback = sb_file
+            .candidates()?
+            .into_iter()
+            .find(|c| c.generation < sb.generation);
         let cache = PageCache::new(opts.cache_bytes);
         let views = Arc::new(ViewRegistry::default());
 
@@ -403,6 +415,7 @@ impl Store {
         let view = Arc::new(View::new(writer.last_lsn, &writer.catalog, views.clone()));
         let durable = Durable {
             sb,
+            fallback,
             sb_file: sb_file.file.clone(),
             usage: meta.usage,
             refcounts: meta.refcounts,
@@ -429,7 +442,15 @@ impl Store {
             _process_lock: process_lock,
         });
         if !shared.opts.read_only {
-            let first_live = lock(&shared.durable).sb.wal_gen;
+            for file in &replay.files {
+                file.sync()?;
+            }
+            shared.segments.sync_all()?;
+            let first_live = {
+                let d = lock(&shared.durable);
+                d.fallback
+                    .map_or(d.sb.wal_gen, |f| f.wal_gen.min(d.sb.wal_gen))
+            };
             checkpoint::remove_stale_wal(&shared, first_live)?;
             if needs_heal {
                 // A torn or corrupt slot is rewritten by the next checkpoint (it is the
@@ -534,6 +555,10 @@ fn load_newest(sb_file: &SuperblockFile, segments: &Segments) -> Result<(Superbl
 struct Replayed {
     next_gen: u64,
     bytes: u64,
+    /// The log files read. What recovery read may still sit only in the OS cache (a
+    /// process crash, not a power loss): they are fsynced before new commits build on
+    /// what they hold.
+    files: Vec<Arc<dyn VFile>>,
 }
 
 /// Replays WAL generations from the superblock's on, in order. Each file's records
@@ -552,9 +577,11 @@ fn replay_wal(
         .collect();
     gens.sort_unstable();
     let mut bytes = 0;
+    let mut files = Vec::new();
     for &gen in &gens {
         let file = vfs.open(&wal::file_name(gen))?;
-        let log = wal::read_log(&*file, gen, None)?;
+        files.push(file.clone());
+        let log = wal::read_log(&*file, gen, w.last_lsn.next())?;
         for (lsn, kind, payload) in log.records {
             if lsn <= w.last_lsn {
                 continue; // already in the checkpoint
@@ -572,6 +599,16 @@ fn replay_wal(
                     ),
                 ));
             }
+            if kind == wal::KIND_CHECKPOINT_COMMIT {
+                return Err(Error::corrupted(
+                    "superblock",
+                    format!(
+                        "LSN {} was committed by a checkpoint newer than the superblock in use \
+                         (the newest superblock slot is damaged); recovering would lose it",
+                        lsn.0
+                    ),
+                ));
+            }
             if kind != wal::KIND_BATCH {
                 return Err(Error::corrupted(
                     "wal",
@@ -585,7 +622,11 @@ fn replay_wal(
         bytes += log.valid_bytes;
     }
     let next_gen = gens.last().map_or(sb.wal_gen, |g| g + 1);
-    Ok(Replayed { next_gen, bytes })
+    Ok(Replayed {
+        next_gen,
+        bytes,
+        files,
+    })
 }
 
 /// Applies one logged batch to the writer's tree (recovery).

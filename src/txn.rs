@@ -294,6 +294,16 @@ impl<'s> WriteTxn<'s> {
                 .by_id_mut(self.version)
                 .expect("open version")
                 .root = self.base.take();
+            // Nothing to log, but an Immediate commit still promises that everything
+            // committed before it is durable (earlier Deferred commits included).
+            let last = guard.last_lsn;
+            drop(guard);
+            if self.durability == Durability::Immediate {
+                shared
+                    .wal
+                    .sync_to(last, &shared.segments)
+                    .inspect_err(|e| shared.poison(e))?;
+            }
             return Ok(());
         }
         let lsn = guard.last_lsn.next();

@@ -306,7 +306,13 @@ fn check_wal(
     let mut last = checkpoint_lsn;
     for gen in gens {
         let file = vfs.open(&wal::file_name(gen))?;
-        let log = wal::read_log(&*file, gen, None)?;
+        let log = match wal::read_log(&*file, gen, last.next()) {
+            Ok(log) => log,
+            Err(e) => {
+                walker.problem(format!("{}: {e}", wal::file_name(gen)));
+                continue;
+            }
+        };
         walker.report.wal_torn_tail |= log.torn_tail;
         for (lsn, kind, payload) in &log.records {
             if *lsn <= last {
@@ -322,7 +328,13 @@ fn check_wal(
             }
             last = *lsn;
             walker.report.wal_records += 1;
-            if *kind != wal::KIND_BATCH {
+            if *kind == wal::KIND_CHECKPOINT_COMMIT {
+                walker.problem(format!(
+                    "{}: LSN {} was committed by a newer checkpoint than the superblock in use",
+                    wal::file_name(gen),
+                    lsn.0
+                ));
+            } else if *kind != wal::KIND_BATCH {
                 walker.problem(format!(
                     "{}: unknown record kind {kind} at LSN {}",
                     wal::file_name(gen),

@@ -249,6 +249,22 @@ impl Segments {
         Ok(())
     }
 
+    /// Fsyncs every segment file (after recovery, which may have read blocks that were
+    /// written but never synced by a process that then died).
+    pub(crate) fn sync_all(&self) -> Result<()> {
+        let files: Vec<_> = self
+            .files
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        for f in files {
+            f.sync()?;
+        }
+        Ok(())
+    }
+
     /// The segment taking appends now, if any.
     pub(crate) fn active(&self) -> Option<SegmentId> {
         lock(&self.appender).active.as_ref().map(|(id, _)| *id)

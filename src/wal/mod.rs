@@ -24,7 +24,7 @@
 
 mod record;
 
-pub(crate) use record::{decode_batch, encode_op, read_log, BatchOp, BatchOpRef};
+pub(crate) use record::{decode_batch, encode_op, read_log, BatchOp, BatchOpRef, RecordHeader};
 
 use crate::error::{Error, Result};
 use crate::format::Lsn;
@@ -33,6 +33,11 @@ use crate::space::Segments;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 pub(crate) const KIND_BATCH: u8 = 1;
+/// Marks the LSN of a transaction that committed by a checkpoint of its own (it has
+/// no batch record). Payload: the superblock generation that holds it (u64). Recovery
+/// from an older superblock that reaches this record cannot rebuild the transaction,
+/// and says so instead of silently dropping it.
+pub(crate) const KIND_CHECKPOINT_COMMIT: u8 = 2;
 
 /// A log file kept after a checkpoint for the next generation to reuse: overwriting
 /// blocks a file already owns lets `fdatasync` skip the metadata journal, which on
@@ -137,7 +142,12 @@ impl Wal {
         );
         let gen = st.gen;
         let before = st.buf.len();
-        record::encode(&mut st.buf, gen, lsn, kind, payload);
+        let header = RecordHeader {
+            lsn,
+            synced_lsn: st.synced_lsn,
+            kind,
+        };
+        record::encode(&mut st.buf, gen, header, payload);
         let added = (st.buf.len() - before) as u64;
         st.bytes_since_checkpoint += added;
         st.gen_bytes += added;
@@ -145,14 +155,11 @@ impl Wal {
         Ok(())
     }
 
-    /// Notes that an LSN was consumed without a record (a transaction committed by a
-    /// checkpoint of its own).
-    pub(crate) fn skip_lsn(&self, lsn: Lsn) {
-        let mut st = self.lock();
-        assert_eq!(lsn, st.last_lsn.next());
-        assert!(st.buf.is_empty(), "skip_lsn with buffered records");
-        st.last_lsn = lsn;
-        st.synced_lsn = lsn;
+    /// Records that `lsn` was committed by the checkpoint of superblock generation
+    /// `generation` (it has no batch record). Called at that checkpoint's freeze, after
+    /// the rotation, so the marker opens the new generation.
+    pub(crate) fn append_checkpoint_commit(&self, lsn: Lsn, generation: u64) -> Result<()> {
+        self.append(lsn, KIND_CHECKPOINT_COMMIT, &generation.to_le_bytes())
     }
 
     /// Returns once every record up to `lsn` is durable. Segment appends are synced

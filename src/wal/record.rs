@@ -6,7 +6,7 @@ use crate::format::{
 };
 use crate::io::VFile;
 
-pub(crate) const RECORD_HEADER_SIZE: usize = 20;
+pub(crate) const RECORD_HEADER_SIZE: usize = 28;
 /// A record larger than this is not one we wrote: treat it as the torn tail.
 const RECORD_MAX: u32 = 1 << 30;
 /// Every payload starts with `branch u32 | count u32`.
@@ -31,16 +31,55 @@ fn record_crc(gen: u64, header_tail: &[u8], payload: &[u8]) -> u32 {
 }
 
 /// Frames `payload` as a record of generation `gen` onto `out`.
-pub(crate) fn encode(out: &mut Vec<u8>, gen: u64, lsn: Lsn, kind: u8, payload: &[u8]) {
+pub(crate) fn encode(out: &mut Vec<u8>, gen: u64, header: RecordHeader, payload: &[u8]) {
     let start = out.len();
     put_u32(out, len_u32(payload.len()));
     put_u32(out, 0);
-    put_u64(out, lsn.0);
-    put_u8(out, kind);
+    put_u64(out, header.lsn.0);
+    put_u64(out, header.synced_lsn.0);
+    put_u8(out, header.kind);
     out.extend_from_slice(&[0; 3]);
     out.extend_from_slice(payload);
     let c = record_crc(gen, &out[start + 8..start + RECORD_HEADER_SIZE], payload);
     out[start + 4..start + 8].copy_from_slice(&c.to_le_bytes());
+}
+
+/// The header fields of a record besides its length and checksum.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RecordHeader {
+    pub lsn: Lsn,
+    /// The newest LSN known durable when this record was appended. A record can only
+    /// be part of a write issued after every LSN up to this one was fsynced, which is
+    /// what tells a damaged *durable* record from a torn tail (see `read_log`).
+    pub synced_lsn: Lsn,
+    pub kind: u8,
+}
+
+/// Parses the record at `pos`, if a valid one of generation `gen` starts there.
+fn parse_at(data: &[u8], pos: usize, gen: u64) -> Option<(RecordHeader, &[u8])> {
+    let header = data.get(pos..pos + RECORD_HEADER_SIZE)?;
+    let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().expect("8 bytes"));
+    let payload_len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes"));
+    let stored_crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
+    if payload_len > RECORD_MAX
+        || (payload_len as usize) < MIN_PAYLOAD
+        || header[25..28] != [0, 0, 0]
+    {
+        return None; // torn, or the zeros of a preallocated file
+    }
+    let body = pos + RECORD_HEADER_SIZE;
+    let payload = data.get(body..body + payload_len as usize)?;
+    if record_crc(gen, &header[8..], payload) != stored_crc {
+        return None;
+    }
+    Some((
+        RecordHeader {
+            lsn: Lsn(word(8)),
+            synced_lsn: Lsn(word(16)),
+            kind: header[24],
+        },
+        payload,
+    ))
 }
 
 /// Appends one operation to a batch payload under construction. The payload starts
@@ -114,6 +153,7 @@ pub(crate) fn decode_batch(payload: &[u8]) -> Result<(u32, Vec<BatchOp>)> {
 }
 
 /// What reading one log file found.
+#[derive(Debug)]
 pub(crate) struct LogRead {
     /// Valid records in order: (lsn, kind, payload).
     pub records: Vec<(Lsn, u8, Vec<u8>)>,
@@ -124,53 +164,61 @@ pub(crate) struct LogRead {
     pub torn_tail: bool,
 }
 
-/// Reads the records of generation `gen` from `file`, expecting LSNs from
-/// `first_lsn` on (any first LSN when `None`). Stops at the torn tail.
-pub(crate) fn read_log(file: &dyn VFile, gen: u64, first_lsn: Option<Lsn>) -> Result<LogRead> {
+/// Reads the records of generation `gen` from `file`. `next_lsn` is the LSN the
+/// first record is expected to carry when the file holds none that validate.
+///
+/// Records are read up to the first one that is short, fails its checksum or breaks
+/// LSN continuity. That is normally the torn tail of a crash, and is ignored. But if a
+/// later record validates and says (by its `synced_lsn`) that the broken one had
+/// already been fsynced when it was written, the broken record was acknowledged and
+/// has been damaged since: that is corruption, reported as an error rather than
+/// silently dropping acknowledged commits.
+pub(crate) fn read_log(file: &dyn VFile, gen: u64, next_lsn: Lsn) -> Result<LogRead> {
     let len = file.len()?;
     let mut data =
         vec![0u8; usize::try_from(len).map_err(|_| Error::corrupted("wal", "file too large"))?];
     file.read_exact_at(&mut data, 0)?;
     let mut records = Vec::new();
     let mut pos = 0usize;
-    let mut expect = first_lsn;
-    loop {
-        let Some(header) = data.get(pos..pos + RECORD_HEADER_SIZE) else {
-            break;
-        };
-        let payload_len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes"));
-        let stored_crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
-        let lsn = Lsn(u64::from_le_bytes(
-            header[8..16].try_into().expect("8 bytes"),
-        ));
-        let kind = header[16];
-        if payload_len > RECORD_MAX || (payload_len as usize) < MIN_PAYLOAD {
-            break; // torn, or the zeros of a preallocated file
-        }
-        let body_start = pos + RECORD_HEADER_SIZE;
-        let Some(payload) = data.get(body_start..body_start + payload_len as usize) else {
-            break;
-        };
-        if record_crc(gen, &header[8..], payload) != stored_crc {
+    let mut expect: Option<Lsn> = None;
+    while let Some((header, payload)) = parse_at(&data, pos, gen) {
+        if expect.is_some_and(|e| e != header.lsn) {
             break;
         }
-        if expect.is_some_and(|e| e != lsn) {
-            break;
-        }
-        records.push((lsn, kind, payload.to_vec()));
-        expect = Some(lsn.next());
-        pos = body_start + payload_len as usize;
+        records.push((header.lsn, header.kind, payload.to_vec()));
+        expect = Some(header.lsn.next());
+        pos += RECORD_HEADER_SIZE + payload.len();
     }
+    let broken = expect.unwrap_or(next_lsn);
+    // Only the written part can hold records (files are preallocated with zeros).
+    let end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    for later in pos + 1..end.saturating_sub(RECORD_HEADER_SIZE - 1) {
+        if let Some((h, _)) = parse_at(&data, later, gen) {
+            if h.lsn > broken && h.synced_lsn >= broken {
+                return Err(Error::corrupted(
+                    "wal",
+                    format!(
+                        "record LSN {} at offset {pos} is damaged, but it was durable: \
+                         record LSN {} at offset {later} was written after it was synced",
+                        broken.0, h.lsn.0
+                    ),
+                ));
+            }
+        }
+    }
+    let torn_tail = end > pos;
     Ok(LogRead {
         records,
         valid_bytes: pos as u64,
-        torn_tail: (pos as u64) < len,
+        torn_tail,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::io::sim::SimVfs;
+    use crate::io::Vfs;
 
     #[test]
     fn batch_round_trip() {
@@ -191,5 +239,55 @@ mod tests {
         for cut in 0..p.len() {
             assert!(decode_batch(&p[..cut]).is_err());
         }
+    }
+
+    /// Three records; the second written after the first was synced, the third in the
+    /// same write as the second.
+    fn log() -> (Vec<u8>, [usize; 3]) {
+        let payload = [0u8; 12];
+        let mut out = Vec::new();
+        let mut starts = [0; 3];
+        for (i, synced) in [(0, 0), (1, 1), (2, 1)] {
+            starts[i] = out.len();
+            let h = RecordHeader {
+                lsn: Lsn(i as u64 + 1),
+                synced_lsn: Lsn(synced),
+                kind: 1,
+            };
+            encode(&mut out, 7, h, &payload);
+        }
+        (out, starts)
+    }
+
+    fn read(bytes: &[u8]) -> Result<LogRead> {
+        let vfs = SimVfs::new();
+        let f = vfs.create("w").unwrap();
+        f.write_all_at(bytes, 0).unwrap();
+        read_log(&*f, 7, Lsn(1))
+    }
+
+    #[test]
+    fn torn_tail_is_ignored_but_damage_to_a_durable_record_is_reported() {
+        let (bytes, starts) = log();
+        assert_eq!(read(&bytes).unwrap().records.len(), 3);
+        // Damage in record 3 (same write as record 2): a torn tail, two records survive.
+        let mut torn = bytes.clone();
+        torn[starts[2] + 30] ^= 1;
+        let r = read(&torn).unwrap();
+        assert_eq!(r.records.len(), 2);
+        assert!(r.torn_tail);
+        // Damage in record 2, and record 3 is of the same write: still a torn tail.
+        let mut torn = bytes.clone();
+        torn[starts[1] + 30] ^= 1;
+        assert_eq!(read(&torn).unwrap().records.len(), 1);
+        // Damage in record 1, which record 2 says was durable: corruption.
+        let mut damaged = bytes.clone();
+        damaged[starts[0] + 30] ^= 1;
+        assert!(read(&damaged).unwrap_err().is_corruption());
+        // Another generation's records never validate.
+        let vfs = SimVfs::new();
+        let f = vfs.create("w").unwrap();
+        f.write_all_at(&bytes, 0).unwrap();
+        assert!(read_log(&*f, 8, Lsn(1)).unwrap().records.is_empty());
     }
 }
