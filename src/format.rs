@@ -55,11 +55,7 @@ impl Addr {
         Addr((u64::from(segment.0) << OFFSET_BITS) | offset)
     }
     pub(crate) fn segment(self) -> SegmentId {
-        #[expect(
-            clippy::cast_possible_truncation,
-            reason = "24 bits remain after the shift"
-        )]
-        SegmentId((self.0 >> OFFSET_BITS) as u32)
+        SegmentId(u32::try_from(self.0 >> OFFSET_BITS).expect("24 bits remain after the shift"))
     }
     pub(crate) fn offset(self) -> u64 {
         self.0 & ((1 << OFFSET_BITS) - 1)
