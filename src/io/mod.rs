@@ -22,7 +22,10 @@ use std::sync::Arc;
 
 /// One open file of the store directory. Positional I/O only, so one handle can be
 /// shared by many threads without a seek position.
-#[allow(clippy::len_without_is_empty, reason = "a file's length is a size, not a collection")]
+#[allow(
+    clippy::len_without_is_empty,
+    reason = "a file's length is a size, not a collection"
+)]
 pub trait VFile: Send + Sync {
     /// Reads exactly `buf.len()` bytes at `offset`; a short file is an
     /// `UnexpectedEof` error.
