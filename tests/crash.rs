@@ -330,7 +330,7 @@ fn run_once(
 #[test]
 fn random_crash_points() {
     CRASH_POINTS.store(0, Ordering::Relaxed);
-    run_seeds("random_crash_points", "crash", 300, |seed| {
+    run_seeds("random_crash_points", "crash", 400, |seed| {
         let mut rng = Rng::new(seed ^ 0xC7A5);
         let steps = rng.usize(3, 40);
         // Dry run: count the workload's mutating I/O operations.

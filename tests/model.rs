@@ -410,7 +410,7 @@ fn run_model(seed: u64, ops: usize) -> Result<(), String> {
 /// Random operation sequences, many seeds, against the model.
 #[test]
 fn model_random_ops() {
-    run_seeds("model_random_ops", "model", 64, |seed| {
+    run_seeds("model_random_ops", "model", 128, |seed| {
         run_model(seed, OPS_PER_SEED)
     });
 }
