@@ -313,8 +313,15 @@ pub(crate) fn delete_unreachable_segments(shared: &Shared) {
 }
 
 /// Replaces in-memory roots whose trees are fully written by their addresses, so the
-/// tree is held by the page cache (bounded) instead of pinned by the root.
+/// tree is held by the page cache (bounded) instead of pinned by the root. A store
+/// whose live data fits comfortably in the cache budget keeps its trees pinned: reads
+/// then follow pointers instead of looking every node up in the cache, and memory
+/// stays within what the cache would have used anyway.
 fn unpin_written_roots(shared: &Shared) {
+    let live: u64 = lock(&shared.durable).usage.values().sum();
+    if live.saturating_mul(2) < shared.cache.capacity() {
+        return;
+    }
     let Ok(mut w) = shared.writer.try_lock() else {
         return;
     };

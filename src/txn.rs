@@ -16,7 +16,7 @@
 //! fails the whole transaction: `commit` then refuses and nothing of it is applied.
 
 use crate::btree::cursor::{Cursor, Seek};
-use crate::btree::node::{Child, Node, Value};
+use crate::btree::node::{Child, Key, Node, Value};
 use crate::btree::{self, Loader, WriteCtx};
 use crate::catalog::{Catalog, VersionId, VersionKind};
 use crate::error::{Error, Result};
@@ -477,8 +477,10 @@ pub struct Iter {
     upper: Bound<Vec<u8>>,
     front: Option<Cursor>,
     back: Option<Cursor>,
-    last_front: Option<Vec<u8>>,
-    last_back: Option<Vec<u8>>,
+    /// The last keys yielded from each end (shared, so remembering them is free), so
+    /// the two ends stop where they meet.
+    last_front: Option<Key>,
+    last_back: Option<Key>,
     keys_only: bool,
     done: bool,
 }
@@ -578,13 +580,12 @@ impl Iter {
         } else {
             loader.value(&entry.value)?
         };
-        let key = key.to_vec();
         if forward {
-            self.last_front = Some(key.clone());
+            self.last_front = Some(entry.key.clone());
         } else {
-            self.last_back = Some(key.clone());
+            self.last_back = Some(entry.key.clone());
         }
-        Ok(Some((key, value)))
+        Ok(Some((key.to_vec(), value)))
     }
 
     fn next_from(&mut self, forward: bool) -> Option<Result<Pair>> {
