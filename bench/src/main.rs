@@ -32,7 +32,7 @@ USAGE: cargo run --release -p cambium-bench -- [FLAGS]
   --range-scans N       range scans (default n/2)
   --range-len N         entries read per range scan (default 10)
   --removals N          keys removed in one txn (default n/2)
-  --cambium-cache-mib N cambium's node cache size (default: cambium's default, 256 MiB)
+  --cambium-cache-mib N cambium's node cache size (default 4096, the budget redb and LMDB get)
   --dir DIR             parent of the per-run temp directories (default $TMPDIR or /tmp)
   --json FILE           also write machine-readable results to FILE
   --keep                keep the database directories (default: deleted after each run)
@@ -80,7 +80,9 @@ fn parse_args() -> Result<Config, String> {
         dir: std::env::temp_dir(),
         json: None,
         keep: false,
-        tuning: Tuning::default(),
+        // The same memory budget for every engine: redb gets a 4 GiB cache and LMDB a
+        // 4 GiB map, so cambium gets a 4 GiB node cache.
+        tuning: Tuning { cambium_cache_bytes: Some(4 << 30) },
     };
     let mut quick = false;
     let (mut runs, mut n, mut iw, mut bt) = (None, None, None, None);
