@@ -19,7 +19,8 @@
 //! return exactly the model's entries in order, with no duplicates or gaps when
 //! consumed from both ends.
 //!
-//! Replay one seed with `CAMBIUM_SEED=N`; scale with `CAMBIUM_MODEL_CASES=N`.
+//! Replay one seed with `CAMBIUM_SEED=N`; scale with `CAMBIUM_MODEL_CASES=N`
+//! (`CAMBIUM_MODEL_LONG_CASES`, `CAMBIUM_DEEP_CASES` for the other two tests).
 
 mod common;
 
@@ -418,7 +419,7 @@ fn model_random_ops() {
 /// A few long sequences (more state, more checkpoints and reopens per run).
 #[test]
 fn model_long_sequences() {
-    run_seeds("model_long_sequences", "model", 4, |seed| {
+    run_seeds("model_long_sequences", "model_long", 4, |seed| {
         run_model(seed + 1_000_000, 2_000)
     });
 }
