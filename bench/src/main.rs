@@ -82,7 +82,9 @@ fn parse_args() -> Result<Config, String> {
         keep: false,
         // The same memory budget for every engine: redb gets a 4 GiB cache and LMDB a
         // 4 GiB map, so cambium gets a 4 GiB node cache.
-        tuning: Tuning { cambium_cache_bytes: Some(4 << 30) },
+        tuning: Tuning {
+            cambium_cache_bytes: Some(4 << 30),
+        },
     };
     let mut quick = false;
     let (mut runs, mut n, mut iw, mut bt) = (None, None, None, None);
