@@ -99,22 +99,45 @@ pub(crate) fn get_with<R>(
 ) -> Result<Option<R>> {
     let Some(root) = root else { return Ok(None) };
     let probe = Probe::new(key);
-    let mut node = loader.resolve(root)?;
-    for _ in 0..MAX_DEPTH {
-        let next = match &node.body {
-            Body::Leaf(entries) => {
-                return match entries.binary_search_by(|e| e.key.cmp_probe(&probe)) {
-                    Ok(i) => f(&entries[i].value).map(Some),
-                    Err(_) => Ok(None),
-                };
-            }
-            Body::Branch(entries) => {
-                loader.child_of(node.level, &entries[child_index(entries, &probe)].child)?
-            }
-        };
-        node = next;
+    match root {
+        Child::Mem(node) => get_below(loader, node, &probe, f, 0),
+        Child::Disk(r) => get_below(loader, &*loader.load(*r)?, &probe, f, 0),
     }
-    Err(Error::corrupted("node", "tree deeper than MAX_DEPTH"))
+}
+
+/// One level of a point lookup. In-memory children are followed by reference (no
+/// reference-count traffic); written ones are held while their subtree is searched.
+fn get_below<R>(
+    loader: Loader<'_>,
+    node: &Node,
+    probe: &Probe<'_>,
+    f: impl FnOnce(&Value) -> Result<R>,
+    depth: usize,
+) -> Result<Option<R>> {
+    if depth > MAX_DEPTH {
+        return Err(Error::corrupted("node", "tree deeper than MAX_DEPTH"));
+    }
+    match &node.body {
+        Body::Leaf(entries) => match entries.binary_search_by(|e| e.key.cmp_probe(probe)) {
+            Ok(i) => f(&entries[i].value).map(Some),
+            Err(_) => Ok(None),
+        },
+        Body::Branch(entries) => {
+            let child = &entries[child_index(entries, probe)].child;
+            match child {
+                Child::Mem(c) if c.level + 1 == node.level => {
+                    get_below(loader, c, probe, f, depth + 1)
+                }
+                _ => get_below(
+                    loader,
+                    &*loader.child_of(node.level, child)?,
+                    probe,
+                    f,
+                    depth + 1,
+                ),
+            }
+        }
+    }
 }
 
 /// Whether `key` is present.
