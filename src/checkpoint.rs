@@ -319,7 +319,12 @@ pub(crate) fn delete_unreachable_segments(shared: &Shared) {
 /// stays within what the cache would have used anyway.
 fn unpin_written_roots(shared: &Shared) {
     let live: u64 = lock(&shared.durable).usage.values().sum();
-    if live.saturating_mul(2) < shared.cache.capacity() {
+    // Decoded nodes take several times their packed on-disk size: leave room.
+    let fits = live.saturating_mul(8) < shared.cache.capacity();
+    shared
+        .keep_pinned
+        .store(fits, std::sync::atomic::Ordering::Relaxed);
+    if fits {
         return;
     }
     let Ok(mut w) = shared.writer.try_lock() else {

@@ -166,6 +166,9 @@ pub(crate) struct Shared {
     /// the LSN can reach them.
     pub pending_deletes: Mutex<Vec<crate::checkpoint::PendingDelete>>,
     pub poisoned: Mutex<Option<String>>,
+    /// Whether the live data is small enough (under an eighth of the cache budget) for trees
+    /// to stay linked in memory; updated by every checkpoint.
+    pub keep_pinned: std::sync::atomic::AtomicBool,
     background: Arc<(Mutex<Background>, Condvar)>,
     bg_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     closed: Mutex<bool>,
@@ -436,6 +439,7 @@ impl Store {
             views,
             pending_deletes: Mutex::new(Vec::new()),
             poisoned: Mutex::new(None),
+            keep_pinned: std::sync::atomic::AtomicBool::new(false),
             background: Arc::default(),
             bg_thread: Mutex::new(None),
             closed: Mutex::new(false),
@@ -652,6 +656,7 @@ fn apply_batch(
         delta: &mut delta,
         superseded: &mut superseded,
         dirtied_bytes: &mut dirtied,
+        keep_pinned: false,
     };
     let mut result = Ok(());
     for op in ops {

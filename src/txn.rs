@@ -234,6 +234,10 @@ impl<'s> WriteTxn<'s> {
             delta: &mut self.delta,
             superseded: &mut self.superseded,
             dirtied_bytes: &mut self.dirtied_bytes,
+            keep_pinned: self
+                .shared
+                .keep_pinned
+                .load(std::sync::atomic::Ordering::Relaxed),
         };
         match edit(&mut self.root, &mut ctx) {
             Ok(old) => {

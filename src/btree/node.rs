@@ -230,8 +230,13 @@ impl Node {
     }
 
     /// A dirty copy of this node for a writer in `epoch`. Children that are already
-    /// written are referenced by address, so the copy does not pin them in memory.
-    pub(crate) fn dirty_copy(&self, epoch: u64) -> Node {
+    /// written are referenced by address, so the copy does not pin them in memory,
+    /// unless `keep_pinned`.
+    ///
+    /// With `keep_pinned`, in-memory children stay referenced in memory: when the whole
+    /// store fits the cache budget, trees stay linked by pointers (see
+    /// `checkpoint::unpin_written_roots`).
+    pub(crate) fn dirty_copy(&self, epoch: u64, keep_pinned: bool) -> Node {
         let body = match &self.body {
             Body::Leaf(entries) => Body::Leaf(entries.clone()),
             Body::Branch(entries) => Body::Branch(
@@ -239,7 +244,11 @@ impl Node {
                     .iter()
                     .map(|e| BranchEntry {
                         key: e.key.clone(),
-                        child: e.child.unpinned(),
+                        child: if keep_pinned {
+                            e.child.clone()
+                        } else {
+                            e.child.unpinned()
+                        },
                     })
                     .collect(),
             ),
@@ -256,7 +265,7 @@ impl Node {
     /// A clean copy for the page cache: same content, children by address. Every
     /// child must already be written.
     pub(crate) fn clean_copy(&self, at: BlockRef) -> Node {
-        let copy = self.dirty_copy(self.epoch);
+        let copy = self.dirty_copy(self.epoch, false);
         if let Body::Branch(entries) = &copy.body {
             assert!(
                 entries.iter().all(|e| matches!(e.child, Child::Disk(_))),

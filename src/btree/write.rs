@@ -33,6 +33,8 @@ pub(crate) struct WriteCtx<'a> {
     pub superseded: &'a mut Vec<Arc<Node>>,
     /// Bytes of nodes this transaction made dirty.
     pub dirtied_bytes: &'a mut u64,
+    /// Whether copies keep in-memory children linked (the store fits its cache).
+    pub keep_pinned: bool,
 }
 
 impl WriteCtx<'_> {
@@ -53,17 +55,17 @@ pub(crate) fn shadow<'c>(slot: &'c mut Child, ctx: &mut WriteCtx<'_>) -> Result<
             let r = *r;
             let node = ctx.loader.load(r)?;
             ctx.release_clean(r);
-            Some(node.dirty_copy(ctx.epoch))
+            Some(node.dirty_copy(ctx.epoch, ctx.keep_pinned))
         }
         Child::Mem(arc) => {
             if let Some(r) = arc.disk.get().copied() {
                 ctx.release_clean(r);
-                Some(arc.dirty_copy(ctx.epoch))
+                Some(arc.dirty_copy(ctx.epoch, ctx.keep_pinned))
             } else if arc.epoch != ctx.epoch {
                 ctx.superseded.push(arc.clone());
-                Some(arc.dirty_copy(ctx.epoch))
+                Some(arc.dirty_copy(ctx.epoch, ctx.keep_pinned))
             } else if Arc::get_mut(arc).is_none() {
-                Some(arc.dirty_copy(ctx.epoch))
+                Some(arc.dirty_copy(ctx.epoch, ctx.keep_pinned))
             } else {
                 None
             }
