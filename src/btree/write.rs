@@ -80,6 +80,23 @@ pub(crate) fn shadow<'c>(slot: &'c mut Child, ctx: &mut WriteCtx<'_>) -> Result<
     }
 }
 
+/// Shadows the child of a branch at `parent_level`, checking that it is one level
+/// down (a corrupted pointer must not let a write descend into the wrong kind of node).
+fn shadow_child<'c>(
+    slot: &'c mut Child,
+    parent_level: u8,
+    ctx: &mut WriteCtx<'_>,
+) -> Result<&'c mut Node> {
+    let child = shadow(slot, ctx)?;
+    if child.level + 1 != parent_level {
+        return Err(crate::Error::corrupted(
+            "node",
+            "child level does not match its parent",
+        ));
+    }
+    Ok(child)
+}
+
 fn leaf_needs_split(node: &Node, incoming: usize) -> bool {
     node.size + incoming > NODE_MAX && node.len() >= 2
 }
@@ -228,13 +245,7 @@ fn insert_below(
                 *size = *size + key.len() - entries[0].key.len();
                 entries[0].key = key.into();
             }
-            let child = shadow(&mut entries[idx].child, ctx)?;
-            if child.level + 1 != *level {
-                return Err(crate::Error::corrupted(
-                    "node",
-                    "child level does not match its parent",
-                ));
-            }
+            let child = shadow_child(&mut entries[idx].child, *level, ctx)?;
             if needs_split(child, key.len(), incoming) {
                 let right = split(child, ctx.epoch);
                 let right_key: Key = right.first_key().expect("non-empty half").into();
@@ -314,13 +325,7 @@ fn delete_below(node: &mut Node, key: &[u8], ctx: &mut WriteCtx<'_>) -> Result<O
         }
         Body::Branch(entries) => {
             let mut idx = child_index(entries, &Probe::new(key));
-            let child = shadow(&mut entries[idx].child, ctx)?;
-            if child.level + 1 != *level {
-                return Err(crate::Error::corrupted(
-                    "node",
-                    "child level does not match its parent",
-                ));
-            }
+            let child = shadow_child(&mut entries[idx].child, *level, ctx)?;
             if child.size < NODE_MIN && entries.len() > 1 {
                 let size_change = fix(entries, idx, ctx)?;
                 // A merge or a rebalance moves the boundary: look the key up again.
