@@ -53,6 +53,12 @@ pub enum Error {
     /// No version (branch or snapshot) of that name.
     #[error("no version named {0:?}")]
     VersionNotFound(String),
+    /// A version of that name exists already.
+    #[error("a version named {0:?} already exists")]
+    VersionExists(String),
+    /// A name that cannot name a version (see [`crate::check_version_name`]).
+    #[error("invalid version name {0}")]
+    InvalidVersionName(String),
     /// A write to a read-only store handle or version.
     #[error("read-only: {0}")]
     ReadOnly(String),

@@ -39,6 +39,7 @@ mod store;
 mod superblock;
 mod txn;
 mod verify;
+mod versions;
 mod wal;
 
 pub use error::{Error, Result};
@@ -46,6 +47,9 @@ pub use stats::Stats;
 pub use store::{Durability, Options, Store};
 pub use txn::{Iter, Keys, ReadTxn, WriteTxn};
 pub use verify::VerifyReport;
+pub use versions::{
+    check_version_name, Change, Diff, VersionInfo, VersionKind, MAX_VERSION_NAME_LEN,
+};
 
 /// The on-disk format version this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
