@@ -124,34 +124,6 @@ pub fn check_version_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names() {
-        for ok in ["main", "snap-1", "v1.2", "ci/run_7", "A"] {
-            assert!(check_version_name(ok).is_ok(), "{ok}");
-        }
-        let long = "x".repeat(256);
-        for bad in [
-            "",
-            "-x",
-            ".hidden",
-            "..",
-            "a b",
-            "tab\t",
-            "é",
-            long.as_str(),
-        ] {
-            assert!(
-                matches!(check_version_name(bad), Err(Error::InvalidVersionName(_))),
-                "{bad:?}"
-            );
-        }
-    }
-}
-
 /// The changes between two versions, in key order; see [`crate::Store::diff`].
 pub struct Diff {
     inner: std::vec::IntoIter<Change>,
@@ -206,5 +178,33 @@ impl crate::Store {
         Ok(Diff {
             inner: Vec::new().into_iter(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        for ok in ["main", "snap-1", "v1.2", "ci/run_7", "A"] {
+            assert!(check_version_name(ok).is_ok(), "{ok}");
+        }
+        let long = "x".repeat(256);
+        for bad in [
+            "",
+            "-x",
+            ".hidden",
+            "..",
+            "a b",
+            "tab\t",
+            "é",
+            long.as_str(),
+        ] {
+            assert!(
+                matches!(check_version_name(bad), Err(Error::InvalidVersionName(_))),
+                "{bad:?}"
+            );
+        }
     }
 }
