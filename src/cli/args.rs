@@ -18,7 +18,7 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub hex: bool,
 
-    /// Print output as JSON (one object per line for scan and batch).
+    /// Print output as JSON (one object per line for scan, diff and batch).
     #[arg(long, global = true)]
     pub json: bool,
 
@@ -107,6 +107,63 @@ pub enum Command {
     Verify {
         /// The store directory.
         dir: PathBuf,
+    },
+    /// Make a read-only version NAME of SOURCE (a branch or a snapshot), in constant
+    /// time: it shares all of SOURCE's data.
+    Snapshot {
+        /// The store directory.
+        dir: PathBuf,
+        /// The version to copy (a branch or a snapshot).
+        source: String,
+        /// The new snapshot's name: 1 to 255 of the characters A-Z a-z 0-9 . _ - /,
+        /// not starting with '-' or '.'.
+        name: String,
+    },
+    /// Make a writable clone NAME of SOURCE (a branch or a snapshot), in constant
+    /// time; the two then change independently.
+    Branch {
+        /// The store directory.
+        dir: PathBuf,
+        /// The version to copy (a branch or a snapshot).
+        source: String,
+        /// The new branch's name: 1 to 255 of the characters A-Z a-z 0-9 . _ - /,
+        /// not starting with '-' or '.'.
+        name: String,
+    },
+    /// List every version as a tree (each under the version it was made from), with
+    /// its kind, creation time, space and key count.
+    ///
+    /// REFERENCED is the bytes of data the version can reach; EXCLUSIVE the bytes only
+    /// it reaches (what dropping it would free). With --json, prints one JSON array
+    /// of objects with `parent`/`parent_id` links.
+    Versions {
+        /// The store directory.
+        dir: PathBuf,
+    },
+    /// Remove a version and reclaim the space only it used. Versions made from it
+    /// keep all their data.
+    Drop {
+        /// The store directory.
+        dir: PathBuf,
+        /// The version to remove.
+        name: String,
+    },
+    /// Print the keys added, removed and changed from version A to version B, in key
+    /// order: `+ key value`, `- key`, `~ key new-value` lines.
+    ///
+    /// With --keys-only the lines are `+ key`, `- key`, `~ key`. With --json, one
+    /// object per line: {"op":"+","key":..,"value":..}, {"op":"-","key":..},
+    /// {"op":"~","key":..,"value":..} (the new value).
+    Diff {
+        /// The store directory.
+        dir: PathBuf,
+        /// The older version.
+        a: String,
+        /// The newer version.
+        b: String,
+        /// Print only the operation and the key.
+        #[arg(long)]
+        keys_only: bool,
     },
     /// A guided tour: create a store in a temporary directory, load data, read it
     /// back, show stats, verify it, and explain each step.

@@ -104,6 +104,35 @@ pub fn human_bytes(n: u64) -> String {
     format!("{v:.1} {}", UNITS[unit])
 }
 
+/// A time in milliseconds since the Unix epoch as a UTC date and time for people:
+/// "2025-06-01 14:03:09 UTC".
+pub fn human_time_utc(unix_ms: u64) -> String {
+    let secs = unix_ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// The proleptic Gregorian (year, month, day) of a count of days since 1970-01-01
+/// (Howard Hinnant's `civil_from_days`, for non-negative day counts).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097; // [0, 146096]
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365; // [0, 399]
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100); // [0, 365]
+    let mp = (5 * doy + 2) / 153; // [0, 11], March-based
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + u64::from(m <= 2);
+    (y, m, d)
+}
+
 /// The smallest byte string greater than every string starting with `prefix`, or
 /// `None` when there is none (the prefix is empty or all 0xff bytes).
 pub fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
@@ -137,6 +166,15 @@ mod tests {
         assert_eq!(human_bytes(1023), "1023 B");
         assert_eq!(human_bytes(1536), "1.5 KiB");
         assert_eq!(human_bytes(12_900_000), "12.3 MiB");
+    }
+
+    #[test]
+    fn times() {
+        assert_eq!(human_time_utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(human_time_utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
+        assert_eq!(human_time_utc(1_709_251_199_999), "2024-02-29 23:59:59 UTC");
+        assert_eq!(human_time_utc(1_735_689_600_000), "2025-01-01 00:00:00 UTC");
+        assert_eq!(human_time_utc(4_102_444_800_000), "2100-01-01 00:00:00 UTC");
     }
 
     #[test]

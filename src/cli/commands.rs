@@ -37,13 +37,48 @@ pub fn open_writable(dir: &Path) -> Result<Store, cambium::Error> {
     )
 }
 
-/// Starts a write transaction on `branch`.
-fn begin<'s>(store: &'s Store, branch: &str) -> Result<WriteTxn<'s>, cambium::Error> {
-    if branch == cambium::MAIN_BRANCH {
+/// Where a writing command writes.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    /// The store directory (for messages).
+    dir: &'a Path,
+    /// The branch.
+    branch: &'a str,
+}
+
+/// Starts a write transaction on the target branch. A write to a snapshot fails
+/// (exit 3) with a hint on how to get a writable copy.
+fn begin<'s>(store: &'s Store, target: Target<'_>) -> CliResult<WriteTxn<'s>> {
+    let Target { dir, branch } = target;
+    let txn = if branch == cambium::MAIN_BRANCH {
         store.begin_write()
     } else {
         store.begin_write_on(branch)
-    }
+    };
+    txn.map_err(|e| match e {
+        cambium::Error::ReadOnly(_) => CliError::new(
+            exit_code_for(&e),
+            format!(
+                "{e} (to write, make a branch of it: cambium branch {} {branch} NEW-NAME)",
+                dir.display()
+            ),
+        ),
+        e => e.into(),
+    })
+}
+
+/// Checks a version name given on the command line: a malformed one is a usage error
+/// (exit 2), whether it names a new version or an existing one.
+pub fn check_name(name: &str) -> CliResult {
+    cambium::check_version_name(name).map_err(CliError::from)
+}
+
+/// A consistent view of `at` (a branch or a snapshot), or of `main`.
+fn read_view(store: &Store, at: Option<&str>) -> CliResult<cambium::ReadTxn> {
+    Ok(match at {
+        Some(v) => store.read_at(v)?,
+        None => store.read()?,
+    })
 }
 
 /// Checks a key the way the library does, so reads report bad keys the same way
@@ -86,7 +121,7 @@ fn print_pair(ctx: &Ctx, out: &mut impl Write, key: &[u8], value: Option<&[u8]>)
 }
 
 /// Prints a serialisable value as one line of JSON.
-fn print_json(out: &mut impl Write, v: &impl Serialize) -> CliResult {
+pub fn print_json(out: &mut impl Write, v: &impl Serialize) -> CliResult {
     let line = serde_json::to_string(v).map_err(|e| CliError::failure(e.to_string()))?;
     writeln!(out, "{line}").map_err(output_error)
 }
@@ -109,8 +144,9 @@ pub fn put(ctx: &Ctx, dir: &Path, key: &str, value: &str, branch: &str) -> CliRe
     let key = ctx.enc.decode_arg("key", key)?;
     let value = ctx.enc.decode_arg("value", value)?;
     check_key(&key)?;
+    check_name(branch)?;
     let store = open_writable(dir)?;
-    let mut txn = begin(&store, branch)?;
+    let mut txn = begin(&store, Target { dir, branch })?;
     txn.put(&key, &value)?;
     txn.commit()?;
     store.close()?;
@@ -121,11 +157,11 @@ pub fn put(ctx: &Ctx, dir: &Path, key: &str, value: &str, branch: &str) -> CliRe
 pub fn get(ctx: &Ctx, out: &mut impl Write, dir: &Path, key: &str, at: Option<&str>) -> CliResult {
     let key = ctx.enc.decode_arg("key", key)?;
     check_key(&key)?;
+    if let Some(v) = at {
+        check_name(v)?;
+    }
     let store = open_read_only(dir)?;
-    let read = match at {
-        Some(v) => store.read_at(v)?,
-        None => store.read()?,
-    };
+    let read = read_view(&store, at)?;
     match read.get(&key)? {
         Some(value) => print_pair_or_value(ctx, out, &key, &value),
         None => Err(CliError::not_found(format!(
@@ -149,8 +185,9 @@ fn print_pair_or_value(ctx: &Ctx, out: &mut impl Write, key: &[u8], value: &[u8]
 pub fn del(ctx: &Ctx, dir: &Path, key: &str, branch: &str) -> CliResult {
     let key = ctx.enc.decode_arg("key", key)?;
     check_key(&key)?;
+    check_name(branch)?;
     let store = open_writable(dir)?;
-    let mut txn = begin(&store, branch)?;
+    let mut txn = begin(&store, Target { dir, branch })?;
     let existed = txn.delete(&key)?;
     txn.commit()?;
     store.close()?;
@@ -190,11 +227,11 @@ pub fn scan(ctx: &Ctx, out: &mut impl Write, a: &ScanArgs) -> CliResult {
         };
     }
 
+    if let Some(v) = &a.at {
+        check_name(v)?;
+    }
     let store = open_read_only(&a.dir)?;
-    let read = match &a.at {
-        Some(v) => store.read_at(v)?,
-        None => store.read()?,
-    };
+    let read = read_view(&store, a.at.as_deref())?;
     if let (Bound::Included(l), Bound::Excluded(u)) = (&lower, &upper) {
         if l >= u {
             return Ok(()); // an empty range
@@ -315,9 +352,18 @@ pub fn batch(
     branch: &str,
     commit_every: Option<u64>,
 ) -> CliResult {
+    check_name(branch)?;
     let store = open_writable(dir)?;
     let pb = spinner("batch: operations applied");
-    let result = run_batch(ctx, out, input, &store, branch, commit_every, &pb);
+    let result = run_batch(
+        ctx,
+        out,
+        input,
+        &store,
+        Target { dir, branch },
+        commit_every,
+        &pb,
+    );
     pb.finish_and_clear();
     if let Err(e) = result {
         // The failed transaction was aborted when it was dropped; closing checkpoints
@@ -334,11 +380,11 @@ fn run_batch(
     out: &mut impl Write,
     mut input: impl BufRead,
     store: &Store,
-    branch: &str,
+    target: Target<'_>,
     commit_every: Option<u64>,
     pb: &indicatif::ProgressBar,
 ) -> CliResult {
-    let mut txn = begin(store, branch)?;
+    let mut txn = begin(store, target)?;
     txn.set_durability(Durability::Immediate);
     let mut total: u64 = 0;
     let mut pending: u64 = 0;
@@ -379,7 +425,7 @@ fn run_batch(
             pending = 0;
             print_committed(ctx, out, total)?;
             printed = true;
-            txn = begin(store, branch)?;
+            txn = begin(store, target)?;
             txn.set_durability(Durability::Immediate);
         }
     }

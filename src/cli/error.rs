@@ -6,10 +6,12 @@ use std::fmt;
 pub const EXIT_OK: i32 = 0;
 /// A key, or a version (branch/snapshot), was not found.
 pub const EXIT_NOT_FOUND: i32 = 1;
-/// A usage error: bad flags or arguments (clap uses this code too).
+/// A usage error: bad flags or arguments, a malformed version name (clap uses this
+/// code too).
 pub const EXIT_USAGE: i32 = 2;
-/// Any other failure: bad input data (malformed batch lines, invalid keys), a missing
-/// or unreadable store, an unsupported format version, I/O errors.
+/// Any other failure: bad input data (malformed batch lines, invalid keys), a version
+/// name already taken, a write to a snapshot, a missing or unreadable store, an
+/// unsupported format version, I/O errors.
 pub const EXIT_FAILURE: i32 = 3;
 /// `verify` found problems (it prints a report).
 pub const EXIT_VERIFY_PROBLEMS: i32 = 4;
@@ -20,10 +22,12 @@ pub const EXIT_CORRUPTED: i32 = 5;
 pub const EXIT_CODES_HELP: &str = "\
 Exit codes:
   0  success
-  1  key or version (branch) not found
-  2  usage error (bad flags or arguments, bad hex in an argument)
+  1  key or version (branch or snapshot) not found
+  2  usage error (bad flags or arguments, bad hex in an argument, a malformed
+     version name)
   3  other errors: bad input data (malformed batch line, empty or oversized key),
-     missing store, not a store, unsupported format version, store in use, I/O errors
+     a version name already taken, a write to a snapshot, missing store, not a
+     store, unsupported format version, store in use, I/O errors
   4  verify found problems
   5  the store is corrupted (a checksum or structure check failed)";
 
@@ -80,6 +84,8 @@ impl fmt::Display for CliError {
 pub fn exit_code_for(e: &cambium::Error) -> i32 {
     match e {
         cambium::Error::VersionNotFound(_) => EXIT_NOT_FOUND,
+        cambium::Error::InvalidVersionName(_) => EXIT_USAGE,
+        cambium::Error::VersionExists(_) | cambium::Error::ReadOnly(_) => EXIT_FAILURE,
         cambium::Error::Corrupted { .. } => EXIT_CORRUPTED,
         _ => EXIT_FAILURE,
     }

@@ -1,14 +1,17 @@
 //! The `cambium` command-line tool: argument parsing, dispatch, output and exit codes.
 //!
 //! Exit codes (also in `--help` and the README): 0 success, 1 key or version not
-//! found, 2 usage error, 3 other errors (bad input data, missing store, not a store,
-//! unsupported format version, I/O), 4 `verify` found problems, 5 corruption.
+//! found, 2 usage error (including a malformed version name), 3 other errors (bad
+//! input data, a version name already taken, a write to a snapshot, missing store,
+//! not a store, unsupported format version, I/O), 4 `verify` found problems, 5
+//! corruption.
 
 mod args;
 mod codec;
 mod commands;
 mod error;
 mod tour;
+mod versions;
 
 use args::{Cli, Command};
 use clap::Parser;
@@ -79,6 +82,20 @@ fn dispatch(cli: Cli) -> Result<(), CliError> {
         Command::Checkpoint { dir } => commands::checkpoint(dir),
         Command::Stats { dir } => commands::stats(&ctx, &mut out, dir),
         Command::Verify { dir } => commands::verify(&ctx, &mut out, dir),
+        Command::Snapshot { dir, source, name } => {
+            versions::snapshot(&ctx, &mut out, dir, source, name)
+        }
+        Command::Branch { dir, source, name } => {
+            versions::branch(&ctx, &mut out, dir, source, name)
+        }
+        Command::Versions { dir } => versions::versions(&ctx, &mut out, dir),
+        Command::Drop { dir, name } => versions::drop(&ctx, &mut out, dir, name),
+        Command::Diff {
+            dir,
+            a,
+            b,
+            keys_only,
+        } => versions::diff(&ctx, &mut out, dir, a, b, *keys_only),
         Command::Tour { keys, keep } => tour::tour(&ctx, &mut out, *keys, *keep),
     };
     // Whatever was printed before a failure still goes out.
