@@ -166,7 +166,7 @@ pub enum Command {
         keys_only: bool,
     },
     /// A guided tour: create a store in a temporary directory, load data, read it
-    /// back, show stats, verify it, and explain each step.
+    /// back, show stats, make and compare versions, verify it, and explain each step.
     Tour {
         /// Keys to load.
         #[arg(long, value_name = "N", default_value_t = 100_000,

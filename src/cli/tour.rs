@@ -1,10 +1,10 @@
 //! `cambium tour`: the guided walk through an embedded store that the README points
 //! new users at. It uses only the public library API, with default options.
 
-use super::codec::human_bytes;
+use super::codec::{human_bytes, human_time_utc};
 use super::error::{output_error, CliError};
 use super::Ctx;
-use cambium::{Durability, Store};
+use cambium::{Change, Durability, Store, VersionInfo};
 use serde::Serialize;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -84,8 +84,34 @@ struct Summary {
     keys_deleted: u64,
     keys_after_delete: u64,
     snapshot_saw_deleted_key: bool,
+    versions: VersionsSummary,
     stats: cambium::Stats,
     verify: cambium::VerifyReport,
+}
+
+/// What the versions step did, for `--json`.
+#[derive(Serialize)]
+struct VersionsSummary {
+    snapshot_ms: f64,
+    branch_ms: f64,
+    diff_ms: f64,
+    diff_added: u64,
+    diff_removed: u64,
+    diff_changed: u64,
+    drop_ms: f64,
+    listed: Vec<VersionInfo>,
+}
+
+/// The snapshot and the branch the tour makes.
+const TOUR_SNAPSHOT: &str = "before-cleanup";
+const TOUR_BRANCH: &str = "experiment";
+/// Counters changed, counters deleted and notes added on main after the snapshot.
+const TOUR_CHANGED: u64 = 10;
+const TOUR_REMOVED: u64 = 10;
+const TOUR_ADDED: u64 = 5;
+
+fn counter_key(c: u64) -> Vec<u8> {
+    format!("counter/{c:03}").into_bytes()
 }
 
 fn mismatch(what: String) -> CliError {
@@ -105,8 +131,15 @@ pub fn tour(ctx: &Ctx, out: &mut impl Write, keys: u64, keep: bool) -> Result<()
     };
     let summary = run_tour(&dir, keys, &mut say)?;
     say(if keep {
-        format!("The store is kept in {}: try `cambium scan {} --prefix user/0000001 --limit 5` or `cambium stats {}`.",
-            dir.display(), dir.display(), dir.display())
+        format!(
+            "The store is kept in {}: try `cambium scan {} --prefix user/0000001 --limit 5`, \
+            `cambium versions {}`, `cambium diff {} {TOUR_SNAPSHOT} main` or `cambium stats {}`.",
+            dir.display(),
+            dir.display(),
+            dir.display(),
+            dir.display(),
+            dir.display()
+        )
     } else {
         format!(
             "Removed {} (run `cambium tour --keep` to keep it).",
@@ -313,13 +346,17 @@ fn run_tour(
         stats.cache_hit_rate * 100.0,
     ))?;
 
-    // 7. Close, reopen, verify.
+    // 7. Versions.
+    let versions = tour_versions(&store, say)?;
+    let keys_final = store.read()?.range(..)?.keys().count() as u64;
+
+    // 8. Close, reopen, verify.
     store.close()?;
     let store = Store::open(dir)?;
     let reopened_keys = store.read()?.range(..)?.keys().count() as u64;
-    if reopened_keys != keys_after_delete {
+    if reopened_keys != keys_final {
         return Err(mismatch(format!(
-            "after reopening, {reopened_keys} keys instead of {keys_after_delete}"
+            "after reopening, {reopened_keys} keys instead of {keys_final}"
         )));
     }
     let t = Instant::now();
@@ -336,8 +373,13 @@ fn run_tour(
         ));
     }
     say(format!(
-        "7. Closed the store, reopened it ({reopened_keys} keys, as before) and verified it: clean \
-         ({} nodes, {} extents, {} checked in {verify_secs:.2} s).\n",
+        "8. Closed the store, reopened it ({reopened_keys} keys, as before) and verified it: clean \
+         ({}, {} nodes, {} extents, {} checked in {verify_secs:.2} s).\n",
+        if verify.versions == 1 {
+            "1 version".to_string()
+        } else {
+            format!("{} versions", verify.versions)
+        },
         verify.nodes,
         verify.extents,
         human_bytes(verify.bytes),
@@ -357,7 +399,157 @@ fn run_tour(
         keys_deleted,
         keys_after_delete,
         snapshot_saw_deleted_key,
+        versions,
         stats,
         verify,
+    })
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
+}
+
+/// Step 7: a snapshot, writes to main, a diff, a branch of the snapshot, the version
+/// list, and a drop.
+fn tour_versions(
+    store: &Store,
+    say: &mut impl FnMut(String) -> Result<(), CliError>,
+) -> Result<VersionsSummary, CliError> {
+    let main = cambium::MAIN_BRANCH;
+
+    // A snapshot, then changes to main.
+    let t = Instant::now();
+    let snap = store.snapshot(main, TOUR_SNAPSHOT)?;
+    let snapshot_ms = ms(t);
+    let mut txn = store.begin_write()?;
+    for c in 0..TOUR_CHANGED {
+        txn.put(&counter_key(c), format!("{}", c + 1000).as_bytes())?;
+    }
+    for c in SMALL_COMMITS - TOUR_REMOVED..SMALL_COMMITS {
+        txn.delete(&counter_key(c))?;
+    }
+    for n in 0..TOUR_ADDED {
+        txn.put(
+            format!("note/{n}").as_bytes(),
+            b"written after the snapshot",
+        )?;
+    }
+    txn.commit()?;
+    if store
+        .read_at(TOUR_SNAPSHOT)?
+        .get(&counter_key(0))?
+        .as_deref()
+        != Some(b"0".as_slice())
+    {
+        return Err(mismatch("the snapshot changed with main".into()));
+    }
+    say(format!(
+        "7. Versions. Took a read-only snapshot {TOUR_SNAPSHOT:?} of main in {snapshot_ms:.2} ms \
+         (`cambium snapshot DIR main {TOUR_SNAPSHOT}`): it copies main's root, not its {} keys, \
+         so its cost does not grow with the store.\n   \
+         Then changed {TOUR_CHANGED} keys on main, deleted {TOUR_REMOVED} and added {TOUR_ADDED}; \
+         the snapshot still reads the old values.",
+        snap.keys,
+    ))?;
+
+    // Diff.
+    let t = Instant::now();
+    let (mut added, mut removed, mut changed) = (0u64, 0u64, 0u64);
+    let mut first = None;
+    for change in store.diff(TOUR_SNAPSHOT, main)? {
+        let change = change?;
+        match &change {
+            Change::Added { .. } => added += 1,
+            Change::Removed { .. } => removed += 1,
+            Change::Changed { .. } => changed += 1,
+        }
+        if first.is_none() {
+            first = Some(change);
+        }
+    }
+    let diff_ms = ms(t);
+    if (added, removed, changed) != (TOUR_ADDED, TOUR_REMOVED, TOUR_CHANGED) {
+        return Err(mismatch(format!(
+            "diff found {added} added, {removed} removed, {changed} changed"
+        )));
+    }
+    let example = match &first {
+        Some(Change::Changed { key, new, .. }) => format!(
+            "`~ {} {}`",
+            String::from_utf8_lossy(key),
+            String::from_utf8_lossy(new)
+        ),
+        Some(Change::Added { key, value }) => format!(
+            "`+ {} {}`",
+            String::from_utf8_lossy(key),
+            String::from_utf8_lossy(value)
+        ),
+        Some(Change::Removed { key, .. }) => format!("`- {}`", String::from_utf8_lossy(key)),
+        None => String::new(),
+    };
+    say(format!(
+        "   `cambium diff DIR {TOUR_SNAPSHOT} main` lists {changed} changed (~), {removed} removed (-) \
+         and {added} added (+) keys, the first being {example}, in {diff_ms:.2} ms: it descends only \
+         where the two trees' nodes differ."
+    ))?;
+
+    // A writable branch of the snapshot.
+    let t = Instant::now();
+    store.branch(TOUR_SNAPSHOT, TOUR_BRANCH)?;
+    let branch_ms = ms(t);
+    let mut txn = store.begin_write_on(TOUR_BRANCH)?;
+    txn.put(b"experiment/result", b"42")?;
+    txn.commit()?;
+    let on_branch = store.read_at(TOUR_BRANCH)?;
+    if on_branch.get(b"experiment/result")?.is_none()
+        || on_branch.get(&counter_key(0))?.as_deref() != Some(b"0".as_slice())
+        || store.read()?.get(b"experiment/result")?.is_some()
+    {
+        return Err(mismatch("a write to a branch leaked or was lost".into()));
+    }
+    drop(on_branch);
+    let listed = store.versions()?;
+    let mut lines = String::new();
+    for v in &listed {
+        lines.push_str(&format!(
+            "\n     {:<16} {:<8} made {} from {:<16} {:>10} referenced, {:>10} exclusive, {} keys",
+            v.name,
+            v.kind.to_string(),
+            human_time_utc(v.created_unix_ms),
+            v.parent.as_deref().unwrap_or("-"),
+            human_bytes(v.referenced_bytes),
+            human_bytes(v.exclusive_bytes),
+            v.keys,
+        ));
+    }
+    say(format!(
+        "   Made a writable branch {TOUR_BRANCH:?} of the snapshot in {branch_ms:.2} ms \
+         (`cambium branch DIR {TOUR_SNAPSHOT} {TOUR_BRANCH}`) and wrote a key to it \
+         (`cambium put DIR KEY VALUE --branch {TOUR_BRANCH}`): main does not see it. \
+         `cambium versions DIR` now shows (exclusive: what dropping the version would free):{lines}"
+    ))?;
+
+    // Drop the branch.
+    let t = Instant::now();
+    store.drop_version(TOUR_BRANCH)?;
+    store.finish_drops()?;
+    let drop_ms = ms(t);
+    if store.read_at(TOUR_BRANCH).is_ok() {
+        return Err(mismatch("a dropped branch is still readable".into()));
+    }
+    say(format!(
+        "   Dropped {TOUR_BRANCH:?} (`cambium drop DIR {TOUR_BRANCH}`) in {drop_ms:.2} ms: the nodes only \
+         it used are freed; those it shared with {TOUR_SNAPSHOT:?} stay. The snapshot is kept.\n"
+    ))?;
+
+    Ok(VersionsSummary {
+        snapshot_ms,
+        branch_ms,
+        diff_ms,
+        diff_added: added,
+        diff_removed: removed,
+        diff_changed: changed,
+        drop_ms,
+        listed,
     })
 }
