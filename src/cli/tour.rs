@@ -1,7 +1,7 @@
 //! `cambium tour`: the guided walk through an embedded store that the README points
 //! new users at. It uses only the public library API, with default options.
 
-use super::codec::{human_bytes, human_time_utc};
+use super::codec::human_bytes;
 use super::error::{output_error, CliError};
 use super::Ctx;
 use cambium::{Change, Durability, Store, VersionInfo};
@@ -445,8 +445,8 @@ fn tour_versions(
     }
     say(format!(
         "7. Versions. Took a read-only snapshot {TOUR_SNAPSHOT:?} of main in {snapshot_ms:.2} ms \
-         (`cambium snapshot DIR main {TOUR_SNAPSHOT}`): it copies main's root, not its {} keys, \
-         so its cost does not grow with the store.\n   \
+         (`cambium snapshot DIR main {TOUR_SNAPSHOT}`):\n   \
+         it copies main's root, not its {} keys, so its cost does not grow with the store.\n   \
          Then changed {TOUR_CHANGED} keys on main, deleted {TOUR_REMOVED} and added {TOUR_ADDED}; \
          the snapshot still reads the old values.",
         snap.keys,
@@ -489,8 +489,8 @@ fn tour_versions(
     };
     say(format!(
         "   `cambium diff DIR {TOUR_SNAPSHOT} main` lists {changed} changed (~), {removed} removed (-) \
-         and {added} added (+) keys, the first being {example}, in {diff_ms:.2} ms: it descends only \
-         where the two trees' nodes differ."
+         and {added} added (+) keys, the first being {example},\n   \
+         in {diff_ms:.2} ms: it descends only where the two trees' nodes differ."
     ))?;
 
     // A writable branch of the snapshot.
@@ -509,24 +509,16 @@ fn tour_versions(
     }
     drop(on_branch);
     let listed = store.versions()?;
-    let mut lines = String::new();
-    for v in &listed {
-        lines.push_str(&format!(
-            "\n     {:<16} {:<8} made {} from {:<16} {:>10} referenced, {:>10} exclusive, {} keys",
-            v.name,
-            v.kind.to_string(),
-            human_time_utc(v.created_unix_ms),
-            v.parent.as_deref().unwrap_or("-"),
-            human_bytes(v.referenced_bytes),
-            human_bytes(v.exclusive_bytes),
-            v.keys,
-        ));
-    }
+    let tree: String = super::versions::render_tree(&listed)
+        .lines()
+        .map(|l| format!("\n     {l}"))
+        .collect();
     say(format!(
         "   Made a writable branch {TOUR_BRANCH:?} of the snapshot in {branch_ms:.2} ms \
-         (`cambium branch DIR {TOUR_SNAPSHOT} {TOUR_BRANCH}`) and wrote a key to it \
-         (`cambium put DIR KEY VALUE --branch {TOUR_BRANCH}`): main does not see it. \
-         `cambium versions DIR` now shows (exclusive: what dropping the version would free):{lines}"
+         (`cambium branch DIR {TOUR_SNAPSHOT} {TOUR_BRANCH}`)\n   \
+         and wrote a key to it (`cambium put DIR KEY VALUE --branch {TOUR_BRANCH}`): main does not see it.\n   \
+         `cambium versions DIR` shows each version under the one it was made from \
+         (EXCLUSIVE: what dropping it would free):{tree}"
     ))?;
 
     // Drop the branch.
@@ -539,7 +531,7 @@ fn tour_versions(
     }
     say(format!(
         "   Dropped {TOUR_BRANCH:?} (`cambium drop DIR {TOUR_BRANCH}`) in {drop_ms:.2} ms: the nodes only \
-         it used are freed; those it shared with {TOUR_SNAPSHOT:?} stay. The snapshot is kept.\n"
+         it used are freed;\n   those it shared with {TOUR_SNAPSHOT:?} stay. The snapshot is kept.\n"
     ))?;
 
     Ok(VersionsSummary {

@@ -92,7 +92,7 @@ pub fn versions(ctx: &Ctx, out: &mut impl Write, dir: &Path) -> CliResult {
 
 /// Lays the versions out as a tree, each under the version it was made from (in the
 /// order they were made), with aligned columns under a header line.
-fn render_tree(list: &[VersionInfo]) -> String {
+pub fn render_tree(list: &[VersionInfo]) -> String {
     // Children by parent index; a version whose parent is not listed is a root.
     let index: HashMap<u32, usize> = list.iter().enumerate().map(|(i, v)| (v.id, i)).collect();
     let mut children: Vec<Vec<usize>> = vec![Vec::new(); list.len()];
