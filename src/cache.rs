@@ -17,7 +17,10 @@ use std::hash::{BuildHasherDefault, Hasher};
 /// Addresses are already well-spread integers: one multiply is hash enough, and
 /// several times cheaper than SipHash on the read path.
 #[derive(Default)]
-struct AddrHasher(u64);
+pub(crate) struct AddrHasher(u64);
+
+/// A hash map keyed by addresses (or other well-spread integers).
+pub(crate) type AddrMap<K, V> = HashMap<K, V, BuildHasherDefault<AddrHasher>>;
 
 impl Hasher for AddrHasher {
     fn finish(&self) -> u64 {
@@ -30,6 +33,9 @@ impl Hasher for AddrHasher {
     }
     fn write_u64(&mut self, n: u64) {
         self.0 = (n ^ (n >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
     }
 }
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};

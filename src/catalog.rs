@@ -1,8 +1,7 @@
 //! The catalog of named versions and the metadata blob each checkpoint writes.
 //!
-//! A version is a named root. Issue-2 stores have one branch, `main`; the catalog is
-//! already a list with kinds and parent links so that snapshots and clones add entries
-//! rather than a new structure.
+//! A version is a named root: a branch (writable) or a snapshot (read-only), with a
+//! link to the version it was made from. A store starts with one branch, `main`.
 //!
 //! Metadata blob layout (little-endian; see docs/FORMAT.md), referenced (with its
 //! checksum) by the superblock:
@@ -10,9 +9,11 @@
 //! magic u32 "CMET" | next_version_id u32
 //! version_count u32, then per version:
 //!     id u32 | kind u8 | parent u32 (u32::MAX = none) | created_unix_ms u64 | created_lsn u64
-//!     | name_len u16 | name | has_root u8 | root BlockRef (when has_root = 1)
+//!     | created_checkpoint u64 | name_len u16 | name | has_root u8
+//!     | root BlockRef (when has_root = 1)
 //! segment_count u32, then per segment: id u32 | live_bytes u64
 //! refcount_count u32, then per shared block: addr u64 | count u32   (only counts > 1)
+//! drop_queue_len u32, then per queued node: BlockRef
 //! ```
 
 use crate::btree::node::Child;
@@ -30,18 +31,12 @@ const NO_PARENT: u32 = u32::MAX;
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 pub(crate) struct VersionId(pub u32);
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum VersionKind {
-    Branch,
-    Snapshot,
-}
+pub(crate) use crate::versions::VersionKind;
 
-impl VersionKind {
-    fn code(self) -> u8 {
-        match self {
-            VersionKind::Branch => 1,
-            VersionKind::Snapshot => 2,
-        }
+fn kind_code(kind: VersionKind) -> u8 {
+    match kind {
+        VersionKind::Branch => 1,
+        VersionKind::Snapshot => 2,
     }
 }
 
@@ -54,6 +49,8 @@ pub(crate) struct Version {
     pub parent: Option<VersionId>,
     pub created_unix_ms: u64,
     pub created_lsn: Lsn,
+    /// The durable checkpoint generation when the version was made.
+    pub created_checkpoint: u64,
     pub root: Option<Child>,
 }
 
@@ -73,6 +70,7 @@ impl Catalog {
             parent: None,
             created_unix_ms: crate::format::now_unix_ms(),
             created_lsn: Lsn(0),
+            created_checkpoint: 0,
             root: None,
         };
         Catalog {
@@ -96,6 +94,8 @@ pub(crate) struct Meta {
     pub catalog: Catalog,
     pub usage: Usage,
     pub refcounts: BTreeMap<Addr, u32>,
+    /// Unreferenced nodes of dropped versions not yet freed (see `refcount`).
+    pub drop_queue: Vec<BlockRef>,
 }
 
 impl Meta {
@@ -107,10 +107,11 @@ impl Meta {
         put_u32(&mut b, crate::format::len_u32(self.catalog.versions.len()));
         for v in &self.catalog.versions {
             put_u32(&mut b, v.id.0);
-            put_u8(&mut b, v.kind.code());
+            put_u8(&mut b, kind_code(v.kind));
             put_u32(&mut b, v.parent.map_or(NO_PARENT, |p| p.0));
             put_u64(&mut b, v.created_unix_ms);
             put_u64(&mut b, v.created_lsn.0);
+            put_u64(&mut b, v.created_checkpoint);
             put_u16(&mut b, len_u16(v.name.len()));
             b.extend_from_slice(v.name.as_bytes());
             match &v.root {
@@ -133,6 +134,10 @@ impl Meta {
         for (addr, count) in &self.refcounts {
             put_u64(&mut b, addr.0);
             put_u32(&mut b, *count);
+        }
+        put_u32(&mut b, crate::format::len_u32(self.drop_queue.len()));
+        for r in &self.drop_queue {
+            r.encode(&mut b);
         }
         b
     }
@@ -161,6 +166,7 @@ impl Meta {
             };
             let created_unix_ms = d.u64()?;
             let created_lsn = Lsn(d.u64()?);
+            let created_checkpoint = d.u64()?;
             let name_len = usize::from(d.u16()?);
             let name = String::from_utf8(d.bytes(name_len)?.to_vec())
                 .map_err(|_| d.error("version name is not UTF-8"))?;
@@ -176,6 +182,7 @@ impl Meta {
                 parent,
                 created_unix_ms,
                 created_lsn,
+                created_checkpoint,
                 root,
             });
         }
@@ -195,6 +202,14 @@ impl Meta {
         for _ in 0..refs {
             refcounts.insert(Addr(d.u64()?), d.u32()?);
         }
+        let queued = d.u32()? as usize;
+        if queued > buf.len() {
+            return Err(d.error("drop queue length exceeds blob size"));
+        }
+        let mut drop_queue = Vec::with_capacity(queued);
+        for _ in 0..queued {
+            drop_queue.push(BlockRef::decode(&mut d)?);
+        }
         if d.remaining() != 0 {
             return Err(d.error("trailing bytes"));
         }
@@ -202,6 +217,7 @@ impl Meta {
             catalog: Catalog { versions, next_id },
             usage,
             refcounts,
+            drop_queue,
         })
     }
 }

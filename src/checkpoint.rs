@@ -31,7 +31,7 @@ use crate::store::{lock, Shared, WriterState};
 use crate::superblock::{Superblock, SuperblockFile};
 use crate::txn::View;
 use crate::wal;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 /// Appends are issued in chunks of about this size: large enough to be sequential
@@ -40,7 +40,15 @@ const WRITE_CHUNK_BYTES: usize = 4 << 20;
 
 /// What a freeze captured.
 struct Frozen {
+    /// The epoch whose dirty nodes this checkpoint writes.
+    epoch: u64,
     catalog: Catalog,
+    /// Reference counts of written blocks, as of the freeze.
+    refcounts: BTreeMap<Addr, u32>,
+    /// Counts of in-memory nodes (all of the frozen epoch), recorded by address once
+    /// they are written.
+    unmerged: Vec<(Arc<Node>, u32)>,
+    drop_queue: Vec<BlockRef>,
     lsn: Lsn,
     delta: SpaceDelta,
     next_wal_gen: u64,
@@ -57,7 +65,11 @@ pub(crate) fn run(shared: &Shared, held: Option<&mut WriterState>) -> Result<()>
             let mut durable = lock(&shared.durable);
             let generation = durable.sb.generation + 1;
             let frozen = freeze(shared, w, generation)?;
-            write(shared, &mut durable, frozen)
+            let written = write(shared, &mut durable, frozen);
+            if let Ok(epoch) = written {
+                w.refs.merge_written(epoch);
+            }
+            written
         }
         None => {
             let mut w = shared.lock_writer();
@@ -69,8 +81,8 @@ pub(crate) fn run(shared: &Shared, held: Option<&mut WriterState>) -> Result<()>
         }
     };
     match result {
-        Ok(()) => {
-            after_durable(shared);
+        Ok(epoch) => {
+            after_durable(shared, epoch);
             Ok(())
         }
         Err(e) => {
@@ -82,6 +94,9 @@ pub(crate) fn run(shared: &Shared, held: Option<&mut WriterState>) -> Result<()>
 
 fn freeze(shared: &Shared, w: &mut WriterState, generation: u64) -> Result<Frozen> {
     shared.check_writable()?;
+    // The previous checkpoint (of epoch - 1) has finished: fold the counts of the
+    // nodes it wrote into the table by address.
+    w.refs.merge_written(w.epoch - 1);
     // Nodes replaced while the previous checkpoint was writing them: that checkpoint
     // has finished (checkpoints are serialised by the durable lock), so they have
     // addresses now, which this interval frees.
@@ -101,7 +116,11 @@ fn freeze(shared: &Shared, w: &mut WriterState, generation: u64) -> Result<Froze
             .append_checkpoint_commit(w.last_lsn, generation)?;
     }
     let frozen = Frozen {
+        epoch: w.epoch,
         catalog: w.catalog.clone(),
+        refcounts: w.refs.table.iter().map(|(a, n)| (*a, *n)).collect(),
+        unmerged: w.refs.unmerged(),
+        drop_queue: w.drop_queue.clone(),
         lsn: w.last_lsn,
         delta: std::mem::take(&mut w.delta),
         next_wal_gen: closed_gen + 1,
@@ -146,10 +165,18 @@ fn collect_dirty(catalog: &Catalog) -> Vec<Vec<Arc<Node>>> {
     levels
 }
 
-fn write(shared: &Shared, durable: &mut crate::store::Durable, frozen: Frozen) -> Result<()> {
+/// Writes the frozen state; returns its epoch once it is durable.
+fn write(shared: &Shared, durable: &mut crate::store::Durable, frozen: Frozen) -> Result<u64> {
     let mut written = SpaceDelta::default();
     for level in collect_dirty(&frozen.catalog) {
         write_level(shared, &level, &mut written)?;
+    }
+    let mut refcounts = frozen.refcounts;
+    for (node, count) in &frozen.unmerged {
+        // Every node with a count above one is reachable from a root, so written.
+        if let Some(r) = node.disk.get() {
+            refcounts.insert(r.addr, *count);
+        }
     }
     let mut usage = durable.usage.clone();
     apply_delta(&mut usage, &frozen.delta);
@@ -157,7 +184,8 @@ fn write(shared: &Shared, durable: &mut crate::store::Durable, frozen: Frozen) -
     let meta = Meta {
         catalog: frozen.catalog,
         usage,
-        refcounts: durable.refcounts.clone(),
+        refcounts,
+        drop_queue: frozen.drop_queue,
     };
     let meta_ref = shared.segments.append(&meta.encode())?;
     shared.segments.sync()?;
@@ -172,12 +200,15 @@ fn write(shared: &Shared, durable: &mut crate::store::Durable, frozen: Frozen) -
     // Durable from here on. The previous superblock becomes the fallback; keep the log
     // it replays from.
     let previous = std::mem::replace(&mut durable.sb, sb);
+    shared
+        .durable_generation
+        .store(sb.generation, std::sync::atomic::Ordering::Relaxed);
     durable.fallback = Some(previous);
     durable.usage = meta.usage;
     shared.wal.checkpoint_done();
     remove_stale_wal(shared, previous.wal_gen)?;
     queue_empty_segments(shared, durable, frozen.lsn, frozen.first_unsafe_segment)?;
-    Ok(())
+    Ok(frozen.epoch)
 }
 
 /// Writes one level's dirty nodes in large appends and records their addresses.
@@ -282,10 +313,11 @@ fn queue_empty_segments(
 }
 
 /// Work after a durable checkpoint that must not fail it: deleting emptied segments
-/// nobody can reach, and letting go of in-memory trees that are now on disk.
-fn after_durable(shared: &Shared) {
+/// nobody can reach, folding the written nodes' reference counts into the table, and
+/// letting go of in-memory trees that are now on disk.
+fn after_durable(shared: &Shared, epoch: u64) {
     delete_unreachable_segments(shared);
-    unpin_written_roots(shared);
+    unpin_written_roots(shared, epoch);
 }
 
 pub(crate) fn delete_unreachable_segments(shared: &Shared) {
@@ -317,7 +349,7 @@ pub(crate) fn delete_unreachable_segments(shared: &Shared) {
 /// whose live data fits comfortably in the cache budget keeps its trees pinned: reads
 /// then follow pointers instead of looking every node up in the cache, and memory
 /// stays within what the cache would have used anyway.
-fn unpin_written_roots(shared: &Shared) {
+fn unpin_written_roots(shared: &Shared, epoch: u64) {
     let live: u64 = lock(&shared.durable).usage.values().sum();
     // Decoded nodes take several times their packed on-disk size: leave room.
     let fits = live.saturating_mul(8) < shared.cache.capacity();
@@ -330,9 +362,15 @@ fn unpin_written_roots(shared: &Shared) {
     let Ok(mut w) = shared.writer.try_lock() else {
         return;
     };
+    // A root is named by address only once its count is in the table by address.
+    w.refs.merge_written(epoch);
+    let w = &mut *w;
     let mut changed = false;
     for v in &mut w.catalog.versions {
         if let Some(Child::Mem(n)) = &v.root {
+            if w.refs.is_unmerged(n) {
+                continue;
+            }
             if let Some(r) = n.disk.get().copied() {
                 v.root = Some(Child::Disk(r));
                 changed = true;

@@ -33,6 +33,7 @@ mod checkpoint;
 mod error;
 mod format;
 pub mod io;
+mod refcount;
 mod space;
 mod stats;
 mod store;
@@ -52,7 +53,7 @@ pub use versions::{
 };
 
 /// The on-disk format version this build reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// The longest key, in bytes.
 pub const MAX_KEY_LEN: usize = 2048;
 /// The longest value, in bytes (values above [`INLINE_VALUE_MAX`] live in their own extent).

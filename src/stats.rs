@@ -38,6 +38,11 @@ pub struct Stats {
     pub live_bytes: u64,
     /// Bytes in segments no longer referenced (reclaimed when a segment empties).
     pub dead_bytes: u64,
+    /// Blocks (nodes and value extents) shared by more than one parent, i.e. between
+    /// versions: the entries of the reference-count table.
+    pub shared_blocks: u64,
+    /// Nodes of dropped versions still waiting to be freed by the background walk.
+    pub drop_pending_nodes: u64,
     /// Bytes of write-ahead log not yet covered by a checkpoint.
     pub wal_bytes: u64,
     /// WAL files on disk.

@@ -16,8 +16,9 @@ use crate::cache::PageCache;
 use crate::catalog::{Catalog, Meta, VersionId, VersionKind};
 use crate::checkpoint;
 use crate::error::{Error, Result};
-use crate::format::{Addr, Lsn};
+use crate::format::{BlockRef, Lsn};
 use crate::io::{StdVfs, VFile, Vfs};
+use crate::refcount::{RcDelta, RefCounts};
 use crate::space::{Segments, SpaceDelta, Usage};
 use crate::superblock::{Superblock, SuperblockFile};
 use crate::txn::View;
@@ -103,6 +104,11 @@ pub(crate) struct WriterState {
     pub delta: SpaceDelta,
     /// Frozen nodes replaced since the last freeze (see `btree::write::shadow`).
     pub superseded: Vec<Arc<crate::btree::node::Node>>,
+    /// Reference counts above one (see `crate::refcount`).
+    pub refs: RefCounts,
+    /// Written nodes of dropped versions that nothing references any more, waiting to
+    /// be freed (their bytes) and to release their children (`versions::drop_step`).
+    pub drop_queue: Vec<BlockRef>,
     pub last_lsn: Lsn,
     /// Approximate bytes of nodes dirtied since the last freeze.
     pub dirty_bytes: u64,
@@ -117,7 +123,6 @@ pub(crate) struct Durable {
     pub fallback: Option<Superblock>,
     pub sb_file: Arc<dyn VFile>,
     pub usage: Usage,
-    pub refcounts: BTreeMap<Addr, u32>,
 }
 
 /// The LSNs of live reader views, so that space they can reach is not deleted.
@@ -148,6 +153,8 @@ impl ViewRegistry {
 struct Background {
     stop: bool,
     wanted: bool,
+    /// A drop left nodes to free.
+    drops: bool,
 }
 
 pub(crate) struct Shared {
@@ -170,6 +177,8 @@ pub(crate) struct Shared {
     /// to stay linked in memory; updated by every checkpoint.
     pub keep_pinned: std::sync::atomic::AtomicBool,
     background: Arc<(Mutex<Background>, Condvar)>,
+    /// Mirrors `durable.sb.generation`, readable without waiting for a checkpoint.
+    pub durable_generation: std::sync::atomic::AtomicU64,
     bg_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     closed: Mutex<bool>,
     _process_lock: Box<dyn Send + Sync>,
@@ -232,6 +241,20 @@ impl Shared {
     pub(crate) fn checkpoint_due(&self, dirty_bytes: u64) -> bool {
         self.wal.bytes_since_checkpoint() > self.opts.checkpoint_wal_bytes
             || dirty_bytes > self.opts.checkpoint_dirty_bytes
+    }
+
+    /// The generation of the durable superblock.
+    pub(crate) fn durable_generation(&self) -> u64 {
+        self.durable_generation
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Tells the background thread that dropped versions have nodes to free. Without
+    /// one, they are freed by `finish_drops`, `checkpoint` and `close`.
+    pub(crate) fn wake_background(&self) {
+        let (m, cv) = &*self.background;
+        lock(m).drops = true;
+        cv.notify_one();
     }
 
     /// Asks for a checkpoint: wakes the background thread, or runs one here.
@@ -402,6 +425,8 @@ impl Store {
             epoch: 1,
             delta: SpaceDelta::default(),
             superseded: Vec::new(),
+            refs: RefCounts::from_table(meta.refcounts),
+            drop_queue: meta.drop_queue,
             last_lsn: sb.checkpoint_lsn,
             dirty_bytes: 0,
         };
@@ -421,9 +446,9 @@ impl Store {
             fallback,
             sb_file: sb_file.file.clone(),
             usage: meta.usage,
-            refcounts: meta.refcounts,
         };
         let needs_heal = !opts.read_only && sb_file.has_invalid_slot();
+        let durable_generation = durable.sb.generation;
 
         let shared = Arc::new(Shared {
             label,
@@ -441,6 +466,7 @@ impl Store {
             poisoned: Mutex::new(None),
             keep_pinned: std::sync::atomic::AtomicBool::new(false),
             background: Arc::default(),
+            durable_generation: std::sync::atomic::AtomicU64::new(durable_generation),
             bg_thread: Mutex::new(None),
             closed: Mutex::new(false),
             _process_lock: process_lock,
@@ -463,6 +489,9 @@ impl Store {
             }
             if shared.opts.background_checkpoints {
                 start_background(&shared);
+                if !lock(&shared.writer).drop_queue.is_empty() {
+                    shared.wake_background();
+                }
             }
         }
         Ok(Store { shared })
@@ -513,9 +542,11 @@ impl Store {
         Ok(existed)
     }
 
-    /// Writes every dirty node and flips the superblock; returns when it is durable.
+    /// Finishes freeing dropped versions, then writes every dirty node and flips the
+    /// superblock; returns when it is durable.
     pub fn checkpoint(&self) -> Result<()> {
         self.shared.check_writable()?;
+        self.finish_drops()?;
         checkpoint::run(&self.shared, None)
     }
 
@@ -613,14 +644,22 @@ fn replay_wal(
                     ),
                 ));
             }
-            if kind != wal::KIND_BATCH {
-                return Err(Error::corrupted(
-                    "wal",
-                    format!("unknown record kind {kind} at LSN {}", lsn.0),
-                ));
+            match kind {
+                wal::KIND_BATCH => {
+                    let (branch, ops) = wal::decode_batch(&payload)?;
+                    apply_batch(w, loader, VersionId(branch), ops)?;
+                }
+                wal::KIND_VERSION => {
+                    let op = wal::VersionOp::decode(&payload)?;
+                    crate::versions::replay(w, loader, op, lsn)?;
+                }
+                _ => {
+                    return Err(Error::corrupted(
+                        "wal",
+                        format!("unknown record kind {kind} at LSN {}", lsn.0),
+                    ))
+                }
             }
-            let (branch, ops) = wal::decode_batch(&payload)?;
-            apply_batch(w, loader, VersionId(branch), ops)?;
             w.last_lsn = lsn;
         }
         bytes += log.valid_bytes;
@@ -648,6 +687,7 @@ fn apply_batch(
     }
     let mut root: Option<Child> = version.root.take();
     let mut delta = SpaceDelta::default();
+    let mut rc = RcDelta::default();
     let mut superseded = Vec::new();
     let mut dirtied = 0;
     let mut ctx = WriteCtx {
@@ -657,6 +697,8 @@ fn apply_batch(
         superseded: &mut superseded,
         dirtied_bytes: &mut dirtied,
         keep_pinned: false,
+        refs: &w.refs,
+        rc: &mut rc,
     };
     let mut result = Ok(());
     for op in ops {
@@ -679,8 +721,8 @@ fn apply_batch(
             BatchOp::Delete { key } => btree::delete(&mut root, &key, &mut ctx),
         };
         match old {
-            Ok(Some(crate::btree::node::Value::Extent(r))) => ctx.delta.free(r),
-            Ok(_) => {}
+            Ok(Some(old)) => ctx.release_value(&old),
+            Ok(None) => {}
             Err(e) => {
                 result = Err(e);
                 break;
@@ -690,6 +732,7 @@ fn apply_batch(
     let version = w.catalog.by_id_mut(branch).expect("looked up above");
     version.root = root;
     w.delta.merge(delta);
+    w.refs.apply(rc);
     w.superseded.extend(superseded);
     w.dirty_bytes += dirtied;
     result
@@ -715,9 +758,9 @@ fn background_loop(
     let (m, cv) = signal;
     loop {
         let wait = interval.unwrap_or(Duration::from_secs(3600));
-        let wanted = {
+        let (wanted, drops) = {
             let mut st = lock(m);
-            if !st.stop && !st.wanted {
+            if !st.stop && !st.wanted && !st.drops {
                 st = cv
                     .wait_timeout(st, wait)
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -726,9 +769,16 @@ fn background_loop(
             if st.stop {
                 return;
             }
-            std::mem::take(&mut st.wanted)
+            (
+                std::mem::take(&mut st.wanted),
+                std::mem::take(&mut st.drops),
+            )
         };
         let Some(shared) = weak.upgrade() else { return };
+        if drops {
+            // In small steps, so commits interleave; stop early on close.
+            while !lock(m).stop && crate::versions::drop_step(&shared, 64).unwrap_or(false) {}
+        }
         let due = wanted || (interval.is_some() && shared.has_unwritten());
         if due && shared.check_writable().is_ok() {
             // An error poisons the store inside `run`; the thread just carries on idle.

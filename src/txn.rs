@@ -21,6 +21,7 @@ use crate::btree::{self, Loader, WriteCtx};
 use crate::catalog::{Catalog, VersionId, VersionKind};
 use crate::error::{Error, Result};
 use crate::format::{put_u32, Lsn};
+use crate::refcount::RcDelta;
 use crate::space::SpaceDelta;
 use crate::store::{Durability, Shared, ViewRegistry, WriterState};
 use crate::wal::{self, BatchOpRef};
@@ -95,6 +96,7 @@ pub struct WriteTxn<'s> {
     /// them in place.
     base: Option<Child>,
     delta: SpaceDelta,
+    rc: RcDelta,
     superseded: Vec<Arc<Node>>,
     dirtied_bytes: u64,
     /// The WAL payload: `branch u32 | count u32 | ops`, dropped once `large`.
@@ -143,6 +145,7 @@ impl<'s> WriteTxn<'s> {
             root: base.clone(),
             base,
             delta: SpaceDelta::default(),
+            rc: RcDelta::default(),
             superseded: Vec::new(),
             dirtied_bytes: 0,
             payload,
@@ -151,12 +154,6 @@ impl<'s> WriteTxn<'s> {
             durability: Durability::Immediate,
             failed: None,
         })
-    }
-
-    fn writer(&self) -> &WriterState {
-        self.guard
-            .as_ref()
-            .expect("open transaction holds the writer lock")
     }
 
     fn check_usable(&self) -> Result<()> {
@@ -227,10 +224,13 @@ impl<'s> WriteTxn<'s> {
         &mut self,
         edit: impl FnOnce(&mut Option<Child>, &mut WriteCtx<'_>) -> Result<Option<Value>>,
     ) -> Result<bool> {
-        let epoch = self.writer().epoch;
+        let w = self
+            .guard
+            .as_ref()
+            .expect("open transaction holds the writer lock");
         let mut ctx = WriteCtx {
             loader: self.shared.loader(),
-            epoch,
+            epoch: w.epoch,
             delta: &mut self.delta,
             superseded: &mut self.superseded,
             dirtied_bytes: &mut self.dirtied_bytes,
@@ -238,11 +238,13 @@ impl<'s> WriteTxn<'s> {
                 .shared
                 .keep_pinned
                 .load(std::sync::atomic::Ordering::Relaxed),
+            refs: &w.refs,
+            rc: &mut self.rc,
         };
         match edit(&mut self.root, &mut ctx) {
             Ok(old) => {
-                if let Some(Value::Extent(r)) = &old {
-                    ctx.delta.free(*r);
+                if let Some(old) = &old {
+                    ctx.release_value(old);
                 }
                 Ok(old.is_some())
             }
@@ -279,6 +281,7 @@ impl<'s> WriteTxn<'s> {
             .root = self.root.take();
         self.base = None;
         w.delta.merge(std::mem::take(&mut self.delta));
+        w.refs.apply(std::mem::take(&mut self.rc));
         w.superseded.append(&mut self.superseded);
         w.dirty_bytes += self.dirtied_bytes;
         w.last_lsn = lsn;

@@ -243,6 +243,11 @@ pub(crate) fn verify(shared: &Shared, progress: &mut dyn FnMut(u64)) -> Result<V
             walker.node(&v.name, *r, None, None, None, true);
         }
     }
+    // Nodes of dropped versions not yet freed still hold their bytes and their
+    // children's references: they are roots of the walk too.
+    for r in &meta.drop_queue {
+        walker.node("(dropped)", *r, None, None, None, false);
+    }
     check_tables(&mut walker, &meta, &segments)?;
     check_wal(&mut walker, vfs, sb.wal_gen, sb.checkpoint_lsn)?;
     Ok(walker.report)
@@ -334,14 +339,20 @@ fn check_wal(
                     wal::file_name(gen),
                     lsn.0
                 ));
-            } else if *kind != wal::KIND_BATCH {
+            } else if *kind == wal::KIND_BATCH {
+                if let Err(e) = wal::decode_batch(payload) {
+                    walker.problem(format!("{}: LSN {}: {e}", wal::file_name(gen), lsn.0));
+                }
+            } else if *kind == wal::KIND_VERSION {
+                if let Err(e) = wal::VersionOp::decode(payload) {
+                    walker.problem(format!("{}: LSN {}: {e}", wal::file_name(gen), lsn.0));
+                }
+            } else {
                 walker.problem(format!(
                     "{}: unknown record kind {kind} at LSN {}",
                     wal::file_name(gen),
                     lsn.0
                 ));
-            } else if let Err(e) = wal::decode_batch(payload) {
-                walker.problem(format!("{}: LSN {}: {e}", wal::file_name(gen), lsn.0));
             }
         }
     }
@@ -350,6 +361,10 @@ fn check_wal(
 
 pub(crate) fn stats(shared: &Shared) -> Result<Stats> {
     let view = shared.published();
+    let (shared_blocks, drop_pending) = {
+        let w = shared.lock_writer();
+        (w.refs.shared_blocks() as u64, w.drop_queue.len() as u64)
+    };
     let (generation, checkpoint_lsn, usage) = {
         let d = crate::store::lock(&shared.durable);
         (d.sb.generation, d.sb.checkpoint_lsn, d.usage.clone())
@@ -360,6 +375,8 @@ pub(crate) fn stats(shared: &Shared) -> Result<Stats> {
         checkpoint_lsn: checkpoint_lsn.0,
         last_lsn: view.lsn.0,
         versions: view.versions.len() as u64,
+        shared_blocks,
+        drop_pending_nodes: drop_pending,
         ..Stats::default()
     };
     if let Some(main) = view.versions.iter().find(|v| v.name == crate::MAIN_BRANCH) {

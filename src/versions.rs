@@ -6,8 +6,19 @@
 //! then share every node until a writer shadows one; the sharing is tracked by lazy
 //! reference counts (`crate::refcount`).
 
+use crate::btree::diff::TreeDiff;
+use crate::btree::node::{Body, Child, Node, Value};
+use crate::btree::{Loader, WriteCtx};
+use crate::catalog::{Version, VersionId};
 use crate::error::{Error, Result};
+use crate::format::Lsn;
+use crate::refcount::{RcDelta, RefCounts, Target};
+use crate::space::SpaceDelta;
+use crate::store::{Shared, WriterState};
+use crate::txn::View;
+use crate::wal::{self, VersionOp};
 use serde::Serialize;
+use std::sync::Arc;
 
 /// Whether a version can be written.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize)]
@@ -126,59 +137,422 @@ pub fn check_version_name(name: &str) -> Result<()> {
 
 /// The changes between two versions, in key order; see [`crate::Store::diff`].
 pub struct Diff {
-    inner: std::vec::IntoIter<Change>,
+    shared: Arc<Shared>,
+    /// Keeps both roots, and the segments they reach, alive.
+    _view: Arc<View>,
+    tree: TreeDiff,
+    failed: bool,
+}
+
+impl std::fmt::Debug for Diff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Diff").finish_non_exhaustive()
+    }
 }
 
 impl Iterator for Diff {
     type Item = Result<Change>;
+
     fn next(&mut self) -> Option<Result<Change>> {
-        self.inner.next().map(Ok)
+        if self.failed {
+            return None;
+        }
+        let loader = self.shared.loader();
+        let change = self.tree.next(loader).and_then(|d| {
+            let Some(d) = d else { return Ok(None) };
+            let key = d.key.to_vec();
+            Ok(Some(match (d.old, d.new) {
+                (None, Some(v)) => Change::Added {
+                    key,
+                    value: loader.value(&v)?,
+                },
+                (Some(v), None) => Change::Removed {
+                    key,
+                    old: loader.value(&v)?,
+                },
+                (Some(o), Some(n)) => Change::Changed {
+                    key,
+                    old: loader.value(&o)?,
+                    new: loader.value(&n)?,
+                },
+                (None, None) => unreachable!("a difference has a side"),
+            }))
+        });
+        match change {
+            Ok(c) => c.map(Ok),
+            Err(e) => {
+                self.failed = true;
+                Some(Err(e))
+            }
+        }
     }
 }
+
+/// Nodes a drop step frees before it lets go of the writer lock.
+const DROP_STEP_NODES: usize = 256;
 
 impl crate::Store {
     /// Makes a read-only version `name` of `source` (a branch or a snapshot), in
     /// constant time: it copies `source`'s root, never its data. Durable on return.
-    pub fn snapshot(&self, source: &str, name: &str) -> Result<VersionInfo> {
-        let _ = (source, name);
-        Err(Error::InvalidArgument("snapshot: not yet".into()))
+    pub fn snapshot(&self, source: &str, name: &str) -> Result<()> {
+        make_version(&self.shared, source, name, VersionKind::Snapshot)
     }
 
     /// Makes a writable clone `name` of `source` (a branch or a snapshot), in constant
     /// time. The two then diverge independently. Durable on return.
-    pub fn branch(&self, source: &str, name: &str) -> Result<VersionInfo> {
-        let _ = (source, name);
-        Err(Error::InvalidArgument("branch: not yet".into()))
+    pub fn branch(&self, source: &str, name: &str) -> Result<()> {
+        make_version(&self.shared, source, name, VersionKind::Branch)
     }
 
     /// Removes the version `name`. The version is gone at once (durable on return);
     /// the space only it referenced is reclaimed by a walk that proceeds in the
-    /// background ([`crate::Store::finish_drops`] waits for it). Versions made from
-    /// it keep all their data.
+    /// background, in bounded steps (Rodeh §5.4: it stops at nodes other versions
+    /// share, which just lose a reference). [`crate::Store::finish_drops`] runs it to
+    /// the end. Versions made from this one keep all their data.
     pub fn drop_version(&self, name: &str) -> Result<()> {
-        let _ = name;
-        Err(Error::InvalidArgument("drop: not yet".into()))
-    }
-
-    /// Runs the background reclamation of dropped versions to completion.
-    pub fn finish_drops(&self) -> Result<()> {
+        let shared = &self.shared;
+        shared.check_writable()?;
+        let mut w = shared.lock_writer();
+        shared.check_writable()?;
+        let id = w
+            .catalog
+            .by_name(name)
+            .ok_or_else(|| Error::VersionNotFound(name.to_owned()))?
+            .id;
+        let op = VersionOp::Drop { id: id.0 };
+        let lsn = w.last_lsn.next();
+        shared.wal.append(lsn, wal::KIND_VERSION, &op.encode())?;
+        apply_drop(&mut w, shared.loader(), id);
+        w.last_lsn = lsn;
+        let queued = !w.drop_queue.is_empty();
+        let view = Arc::new(View::new(lsn, &w.catalog, shared.views.clone()));
+        drop(w);
+        shared
+            .wal
+            .sync_to(lsn, &shared.segments)
+            .inspect_err(|e| shared.poison(e))?;
+        shared.publish(view);
+        if queued {
+            shared.wake_background();
+        }
         Ok(())
     }
 
-    /// Every version, in the order they were made, with its space accounting.
+    /// Runs the reclamation of dropped versions to the end (it otherwise proceeds in
+    /// the background). The space it frees is reusable after the next checkpoint.
+    pub fn finish_drops(&self) -> Result<()> {
+        while drop_step(&self.shared, DROP_STEP_NODES)? {}
+        Ok(())
+    }
+
+    /// Every version, in the order they were made, with its space accounting. The
+    /// figures count nodes as they are (or will be, once checkpointed) on disk.
+    /// This walks every version's tree: its cost grows with the store.
     pub fn versions(&self) -> Result<Vec<VersionInfo>> {
-        Err(Error::InvalidArgument("versions: not yet".into()))
+        let shared = &self.shared;
+        let (catalog, refs) = {
+            let w = shared.lock_writer();
+            (w.catalog.clone(), w.refs.clone())
+        };
+        let loader = shared.loader();
+        let mut out = Vec::with_capacity(catalog.versions.len());
+        for v in &catalog.versions {
+            let (referenced_bytes, keys) = match &v.root {
+                Some(root) => referenced(loader, root)?,
+                None => (0, 0),
+            };
+            let exclusive_bytes = match &v.root {
+                Some(root) => exclusive(loader, &refs, root)?,
+                None => 0,
+            };
+            let parent = v
+                .parent
+                .and_then(|p| catalog.versions.iter().find(|x| x.id == p));
+            out.push(VersionInfo {
+                id: v.id.0,
+                name: v.name.clone(),
+                kind: v.kind,
+                parent_id: parent.map(|p| p.id.0),
+                parent: parent.map(|p| p.name.clone()),
+                created_unix_ms: v.created_unix_ms,
+                created_lsn: v.created_lsn.0,
+                created_checkpoint: v.created_checkpoint,
+                referenced_bytes,
+                exclusive_bytes,
+                keys,
+            });
+        }
+        Ok(out)
     }
 
     /// The keys added, removed and changed from version `a` to version `b`, in key
     /// order. It descends only where the two trees differ, so its cost follows the
     /// size of the change, not the size of the versions.
     pub fn diff(&self, a: &str, b: &str) -> Result<Diff> {
-        let _ = (a, b);
+        let view = self.shared.published();
+        let root = |name: &str| -> Result<Option<Child>> {
+            view.versions
+                .iter()
+                .find(|v| v.name == name)
+                .map(|v| v.root.clone())
+                .ok_or_else(|| Error::VersionNotFound(name.to_owned()))
+        };
+        let (ra, rb) = (root(a)?, root(b)?);
         Ok(Diff {
-            inner: Vec::new().into_iter(),
+            shared: self.shared.clone(),
+            tree: TreeDiff::new(ra.as_ref(), rb.as_ref()),
+            _view: view,
+            failed: false,
         })
     }
+}
+
+fn make_version(shared: &Shared, source: &str, name: &str, kind: VersionKind) -> Result<()> {
+    check_version_name(name)?;
+    shared.check_writable()?;
+    let mut w = shared.lock_writer();
+    shared.check_writable()?;
+    let source_id = w
+        .catalog
+        .by_name(source)
+        .ok_or_else(|| Error::VersionNotFound(source.to_owned()))?
+        .id;
+    if w.catalog.by_name(name).is_some() {
+        return Err(Error::VersionExists(name.to_owned()));
+    }
+    let id = w.catalog.next_id;
+    if id == u32::MAX {
+        return Err(Error::InvalidArgument("version ids exhausted".into()));
+    }
+    let op = VersionOp::Create {
+        id,
+        source: source_id.0,
+        snapshot: kind == VersionKind::Snapshot,
+        created_unix_ms: crate::format::now_unix_ms(),
+        created_checkpoint: shared.durable_generation(),
+        name: name.to_owned(),
+    };
+    let lsn = w.last_lsn.next();
+    shared.wal.append(lsn, wal::KIND_VERSION, &op.encode())?;
+    apply_create(&mut w, op, lsn)?;
+    w.last_lsn = lsn;
+    let view = Arc::new(View::new(lsn, &w.catalog, shared.views.clone()));
+    drop(w);
+    shared
+        .wal
+        .sync_to(lsn, &shared.segments)
+        .inspect_err(|e| shared.poison(e))?;
+    shared.publish(view);
+    Ok(())
+}
+
+/// Adds the version a `Create` record describes: its root is its source's root, which
+/// gains a parent. Constant time.
+fn apply_create(w: &mut WriterState, op: VersionOp, lsn: Lsn) -> Result<()> {
+    let VersionOp::Create {
+        id,
+        source,
+        snapshot,
+        created_unix_ms,
+        created_checkpoint,
+        name,
+    } = op
+    else {
+        unreachable!("apply_create takes a Create")
+    };
+    let root = w
+        .catalog
+        .versions
+        .iter()
+        .find(|v| v.id.0 == source)
+        .ok_or_else(|| Error::corrupted("wal", format!("clone of unknown version {source}")))?
+        .root
+        .clone();
+    if w.catalog.by_name(&name).is_some() || w.catalog.versions.iter().any(|v| v.id.0 == id) {
+        return Err(Error::corrupted(
+            "wal",
+            format!("version {name:?} made twice"),
+        ));
+    }
+    if let Some(root) = &root {
+        let mut rc = RcDelta::default();
+        rc.add(&w.refs.target(root), 1);
+        w.refs.apply(rc);
+    }
+    w.catalog.versions.push(Version {
+        id: VersionId(id),
+        name,
+        kind: if snapshot {
+            VersionKind::Snapshot
+        } else {
+            VersionKind::Branch
+        },
+        parent: Some(VersionId(source)),
+        created_unix_ms,
+        created_lsn: lsn,
+        created_checkpoint,
+        root,
+    });
+    w.catalog.next_id = w.catalog.next_id.max(id + 1);
+    Ok(())
+}
+
+/// Removes version `id` from the catalog and releases its root. Versions made from
+/// it are re-linked to its parent, so the tree of versions stays connected.
+fn apply_drop(w: &mut WriterState, loader: Loader<'_>, id: VersionId) {
+    let Some(at) = w.catalog.versions.iter().position(|v| v.id == id) else {
+        return;
+    };
+    let gone = w.catalog.versions.remove(at);
+    for v in &mut w.catalog.versions {
+        if v.parent == Some(id) {
+            v.parent = gone.parent;
+        }
+    }
+    if let Some(root) = &gone.root {
+        let mut queue = Vec::new();
+        with_ctx(w, loader, |ctx| {
+            ctx.release_node(root, &mut queue);
+            Ok(())
+        })
+        .expect("releasing a root reads nothing");
+        w.drop_queue.extend(queue);
+    }
+}
+
+/// Runs `f` with a write context over the writer state and applies what it changed
+/// (also when it fails half-way: each change it made is complete in itself).
+fn with_ctx<T>(
+    w: &mut WriterState,
+    loader: Loader<'_>,
+    f: impl FnOnce(&mut WriteCtx<'_>) -> Result<T>,
+) -> Result<T> {
+    let mut delta = SpaceDelta::default();
+    let mut rc = RcDelta::default();
+    let mut superseded = Vec::new();
+    let mut dirtied = 0;
+    let result = {
+        let mut ctx = WriteCtx {
+            loader,
+            epoch: w.epoch,
+            delta: &mut delta,
+            superseded: &mut superseded,
+            dirtied_bytes: &mut dirtied,
+            keep_pinned: false,
+            refs: &w.refs,
+            rc: &mut rc,
+        };
+        f(&mut ctx)
+    };
+    w.refs.apply(rc);
+    w.delta.merge(delta);
+    w.superseded.extend(superseded);
+    result
+}
+
+/// Frees up to `budget` queued nodes of dropped versions, under the writer lock.
+/// Returns whether work remains.
+pub(crate) fn drop_step(shared: &Shared, budget: usize) -> Result<bool> {
+    shared.check_writable()?;
+    let mut w = shared.lock_writer();
+    if w.drop_queue.is_empty() {
+        return Ok(false);
+    }
+    let mut queue = std::mem::take(&mut w.drop_queue);
+    let result = with_ctx(&mut w, shared.loader(), |ctx| {
+        for _ in 0..budget {
+            let Some(r) = queue.pop() else { break };
+            if let Err(e) = ctx.release_queued(r, &mut queue) {
+                queue.push(r);
+                return Err(e);
+            }
+        }
+        Ok(())
+    });
+    w.drop_queue = queue;
+    result.map(|()| !w.drop_queue.is_empty())
+}
+
+/// Replays a logged catalog change (recovery).
+pub(crate) fn replay(
+    w: &mut WriterState,
+    loader: Loader<'_>,
+    op: VersionOp,
+    lsn: Lsn,
+) -> Result<()> {
+    match op {
+        VersionOp::Create { .. } => apply_create(w, op, lsn),
+        VersionOp::Drop { id } => {
+            if !w.catalog.versions.iter().any(|v| v.id.0 == id) {
+                return Err(Error::corrupted(
+                    "wal",
+                    format!("drop of unknown version {id}"),
+                ));
+            }
+            apply_drop(w, loader, VersionId(id));
+            Ok(())
+        }
+    }
+}
+
+/// Bytes of the distinct nodes and extents reachable from `root`, and its keys.
+fn referenced(loader: Loader<'_>, root: &Child) -> Result<(u64, u64)> {
+    let mut bytes = 0;
+    let mut keys = 0;
+    let mut extents = std::collections::HashSet::new();
+    let mut visit = |child: &Child, node: &Arc<Node>| -> Result<bool> {
+        bytes += child
+            .disk_ref()
+            .map_or(node.size as u64, |r| u64::from(r.len));
+        if let Body::Leaf(entries) = &node.body {
+            keys += entries.len() as u64;
+            for e in entries {
+                if let Value::Extent(r) = e.value {
+                    if extents.insert(r.addr) {
+                        bytes += u64::from(r.len);
+                    }
+                }
+            }
+        }
+        Ok(true)
+    };
+    crate::btree::walk(loader, root, &mut visit)?;
+    Ok((bytes, keys))
+}
+
+/// Bytes that dropping the version at `root` would free: Rodeh's drop walk, run on a
+/// scratch copy of the counts. A node is counted when its last parent goes.
+fn exclusive(loader: Loader<'_>, refs: &RefCounts, root: &Child) -> Result<u64> {
+    let mut rc = RcDelta::default();
+    let mut bytes = 0;
+    let mut stack = vec![root.clone()];
+    while let Some(child) = stack.pop() {
+        let t = refs.target(&child);
+        if rc.count(refs, &t) > 1 {
+            rc.add(&t, -1);
+            continue;
+        }
+        let node = loader.resolve(&child)?;
+        bytes += child
+            .disk_ref()
+            .map_or(node.size as u64, |r| u64::from(r.len));
+        match &node.body {
+            Body::Branch(entries) => stack.extend(entries.iter().map(|e| e.child.clone())),
+            Body::Leaf(entries) => {
+                for e in entries {
+                    if let Value::Extent(r) = e.value {
+                        let t = Target::Block(r);
+                        if rc.count(refs, &t) > 1 {
+                            rc.add(&t, -1);
+                        } else {
+                            bytes += u64::from(r.len);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(bytes)
 }
 
 #[cfg(test)]

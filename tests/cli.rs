@@ -545,7 +545,7 @@ fn stats_text_and_json() {
         assert!(v.get(field).is_some(), "stats --json lacks {field}: {json}");
     }
     assert_eq!(v["keys"], 500);
-    assert_eq!(v["format_version"], 1);
+    assert_eq!(v["format_version"], cambium::FORMAT_VERSION);
     // After a checkpoint the tree lives in segments.
     ok(t.run("checkpoint", &[]));
     let v: serde_json::Value = serde_json::from_str(&ok(t.run("stats", &["--json"]))).unwrap();
@@ -621,8 +621,9 @@ fn wrong_format_version_exits_3() {
     let mut patched = 0;
     for slot in [0, 4096] {
         if &sb[slot..slot + 8] == b"CAMBIUM\0" {
-            assert_eq!(sb[slot + 8..slot + 12], 1u32.to_le_bytes());
-            sb[slot + 8..slot + 12].copy_from_slice(&2u32.to_le_bytes());
+            let v = cambium::FORMAT_VERSION;
+            assert_eq!(sb[slot + 8..slot + 12], v.to_le_bytes());
+            sb[slot + 8..slot + 12].copy_from_slice(&(v + 1).to_le_bytes());
             patched += 1;
         }
     }

@@ -13,6 +13,7 @@
 //!   nodes are written packed, never into fixed pages).
 
 pub(crate) mod cursor;
+pub(crate) mod diff;
 pub(crate) mod node;
 mod write;
 

@@ -236,7 +236,11 @@ impl Node {
     /// With `keep_pinned`, in-memory children stay referenced in memory: when the whole
     /// store fits the cache budget, trees stay linked by pointers (see
     /// `checkpoint::unpin_written_roots`).
-    pub(crate) fn dirty_copy(&self, epoch: u64, keep_pinned: bool) -> Node {
+    ///
+    /// A child is named by address only if its reference count is in the table by
+    /// that address, i.e. it was made dirty in an epoch up to `merged_through` (see
+    /// `crate::refcount`).
+    pub(crate) fn dirty_copy(&self, epoch: u64, keep_pinned: bool, merged_through: u64) -> Node {
         let body = match &self.body {
             Body::Leaf(entries) => Body::Leaf(entries.clone()),
             Body::Branch(entries) => Body::Branch(
@@ -244,10 +248,11 @@ impl Node {
                     .iter()
                     .map(|e| BranchEntry {
                         key: e.key.clone(),
-                        child: if keep_pinned {
-                            e.child.clone()
-                        } else {
-                            e.child.unpinned()
+                        child: match &e.child {
+                            Child::Mem(n) if !keep_pinned && n.epoch <= merged_through => {
+                                e.child.unpinned()
+                            }
+                            other => other.clone(),
                         },
                     })
                     .collect(),
@@ -265,7 +270,7 @@ impl Node {
     /// A clean copy for the page cache: same content, children by address. Every
     /// child must already be written.
     pub(crate) fn clean_copy(&self, at: BlockRef) -> Node {
-        let copy = self.dirty_copy(self.epoch, false);
+        let copy = self.dirty_copy(self.epoch, false, u64::MAX);
         if let Body::Branch(entries) = &copy.body {
             assert!(
                 entries.iter().all(|e| matches!(e.child, Child::Disk(_))),

@@ -2,14 +2,19 @@
 //! top-down delete with proactive fixes.
 //!
 //! Shadowing (Rodeh §4, mark-dirty §5.3) decides, for the node a writer is about to
-//! change, whether it may be edited in place:
+//! change, whether it may be edited in place. First, sharing between versions: a node
+//! whose reference count is above one (see `crate::refcount`) is copied; the copy is
+//! a new parent of every child (each child's count goes up by one) and the original
+//! loses one parent. Otherwise the node belongs to this tree alone, and:
 //! - dirty in the writer's epoch and referenced only by the writer's tree: in place;
 //! - dirty but shared with a reader's view (the `Arc` has other holders): copy; the old
 //!   one is never written (no checkpoint can reach it);
 //! - dirty from the previous epoch (frozen: a checkpoint is writing it right now):
 //!   copy, and remember the original, whose address is freed once it has one;
-//! - clean (written): copy, and release the old address. The single-owner case frees
-//!   its bytes; shared blocks (reference count > 1) arrive with versions.
+//! - clean (written): copy, and free the old address.
+//!
+//! In the single-owner cases the copy takes over the original's pointers, so no
+//! child's count changes.
 
 use super::node::{
     branch_entry_size, leaf_entry_size, Body, BranchEntry, Child, Key, LeafEntry, Node, Probe,
@@ -18,6 +23,7 @@ use super::node::{
 use super::{child_index, Loader};
 use crate::error::Result;
 use crate::format::BlockRef;
+use crate::refcount::{RcDelta, RefCounts, Target};
 use crate::space::SpaceDelta;
 use std::sync::Arc;
 
@@ -28,46 +34,152 @@ pub(crate) struct WriteCtx<'a> {
     pub epoch: u64,
     /// Live-byte changes made by this transaction.
     pub delta: &'a mut SpaceDelta,
-    /// Frozen dirty nodes this transaction replaced; their addresses (assigned by the
-    /// checkpoint in flight) are freed at the next freeze.
+    /// Frozen dirty nodes this transaction replaced or released; their addresses
+    /// (assigned by the checkpoint in flight) are freed at the next freeze.
     pub superseded: &'a mut Vec<Arc<Node>>,
     /// Bytes of nodes this transaction made dirty.
     pub dirtied_bytes: &'a mut u64,
     /// Whether copies keep in-memory children linked (the store fits its cache).
     pub keep_pinned: bool,
+    /// The committed reference counts.
+    pub refs: &'a RefCounts,
+    /// This transaction's changes to them.
+    pub rc: &'a mut RcDelta,
 }
 
 impl WriteCtx<'_> {
-    fn release_clean(&mut self, r: BlockRef) {
-        self.delta.free(r);
-    }
-
     fn new_dirty(&mut self, node: Node) -> Child {
         *self.dirtied_bytes += node.size as u64;
         Child::Mem(Arc::new(node))
+    }
+
+    fn copy(&self, node: &Node) -> Node {
+        node.dirty_copy(self.epoch, self.keep_pinned, self.refs.merged_through)
+    }
+
+    fn count(&self, t: &Target<'_>) -> u32 {
+        self.rc.count(self.refs, t)
+    }
+
+    /// A copy of a shared node is one more parent of each of its children (and of
+    /// each value extent, for a leaf).
+    fn add_parent_to_children(&mut self, node: &Node) {
+        match &node.body {
+            Body::Branch(entries) => {
+                for e in entries {
+                    let t = self.refs.target(&e.child);
+                    self.rc.add(&t, 1);
+                }
+            }
+            Body::Leaf(entries) => {
+                for e in entries {
+                    if let Value::Extent(r) = e.value {
+                        self.rc.add(&Target::Block(r), 1);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One pointer to a value goes away (the value was replaced or deleted): an
+    /// extent no other leaf points at is freed.
+    pub(crate) fn release_value(&mut self, value: &Value) {
+        if let Value::Extent(r) = *value {
+            let t = Target::Block(r);
+            if self.count(&t) > 1 {
+                self.rc.add(&t, -1);
+            } else {
+                self.delta.free(r);
+            }
+        }
+    }
+
+    /// One pointer to a node goes away (its parent, or its version, was dropped:
+    /// Rodeh §5.4). A node that still has other parents just loses one; one that had
+    /// no other is unreferenced now, and so are, in turn, its children: in-memory
+    /// nodes are released at once, down to the written ones; a written node goes onto
+    /// `queue`, to be freed (and its children released) by `release_queued`, so a big
+    /// drop proceeds in bounded steps.
+    pub(crate) fn release_node(&mut self, child: &Child, queue: &mut Vec<BlockRef>) {
+        let t = self.refs.target(child);
+        if self.count(&t) > 1 {
+            self.rc.add(&t, -1);
+            return;
+        }
+        match t {
+            Target::Block(r) => queue.push(r),
+            Target::Mem(n) => {
+                let n = Arc::clone(n);
+                if n.disk.get().is_some() || n.epoch != self.epoch {
+                    // Frozen: the checkpoint in flight writes it; free that address
+                    // at the next freeze.
+                    self.superseded.push(Arc::clone(&n));
+                }
+                self.release_children(&n, queue);
+            }
+        }
+    }
+
+    fn release_children(&mut self, node: &Node, queue: &mut Vec<BlockRef>) {
+        match &node.body {
+            Body::Branch(entries) => {
+                for e in entries {
+                    self.release_node(&e.child, queue);
+                }
+            }
+            Body::Leaf(entries) => {
+                for e in entries {
+                    self.release_value(&e.value);
+                }
+            }
+        }
+    }
+
+    /// Frees a queued, unreferenced written node: its children lose a parent and its
+    /// own bytes are freed.
+    pub(crate) fn release_queued(&mut self, r: BlockRef, queue: &mut Vec<BlockRef>) -> Result<()> {
+        let node = self.loader.load(r)?;
+        self.release_children(&node, queue);
+        self.delta.free(r);
+        Ok(())
     }
 }
 
 /// Makes the node behind `slot` writable by this transaction and returns it.
 pub(crate) fn shadow<'c>(slot: &'c mut Child, ctx: &mut WriteCtx<'_>) -> Result<&'c mut Node> {
-    let copy = match slot {
-        Child::Disk(r) => {
-            let r = *r;
-            let node = ctx.loader.load(r)?;
-            ctx.release_clean(r);
-            Some(node.dirty_copy(ctx.epoch, ctx.keep_pinned))
-        }
-        Child::Mem(arc) => {
-            if let Some(r) = arc.disk.get().copied() {
-                ctx.release_clean(r);
-                Some(arc.dirty_copy(ctx.epoch, ctx.keep_pinned))
-            } else if arc.epoch != ctx.epoch {
-                ctx.superseded.push(arc.clone());
-                Some(arc.dirty_copy(ctx.epoch, ctx.keep_pinned))
-            } else if Arc::get_mut(arc).is_none() {
-                Some(arc.dirty_copy(ctx.epoch, ctx.keep_pinned))
+    let copy = match ctx.refs.target(slot) {
+        Target::Block(r) => {
+            let node = match slot {
+                Child::Mem(n) => Arc::clone(n),
+                Child::Disk(_) => ctx.loader.load(r)?,
+            };
+            let t = Target::Block(r);
+            if ctx.count(&t) > 1 {
+                ctx.rc.add(&t, -1);
+                ctx.add_parent_to_children(&node);
             } else {
-                None
+                ctx.delta.free(r);
+            }
+            Some(ctx.copy(&node))
+        }
+        Target::Mem(arc) => {
+            let t = Target::Mem(arc);
+            if ctx.count(&t) > 1 {
+                let arc = Arc::clone(arc);
+                ctx.rc.add(&Target::Mem(&arc), -1);
+                ctx.add_parent_to_children(&arc);
+                Some(ctx.copy(&arc))
+            } else if arc.disk.get().is_some() || arc.epoch != ctx.epoch {
+                ctx.superseded.push(arc.clone());
+                Some(ctx.copy(arc))
+            } else if let Child::Mem(a) = slot {
+                if Arc::get_mut(a).is_none() {
+                    Some(ctx.copy(a))
+                } else {
+                    None
+                }
+            } else {
+                unreachable!("a Mem target comes from a Mem child")
             }
         }
     };

@@ -24,7 +24,9 @@
 
 mod record;
 
-pub(crate) use record::{decode_batch, encode_op, read_log, BatchOp, BatchOpRef, RecordHeader};
+pub(crate) use record::{
+    decode_batch, encode_op, read_log, BatchOp, BatchOpRef, RecordHeader, VersionOp,
+};
 
 use crate::error::{Error, Result};
 use crate::format::Lsn;
@@ -38,6 +40,9 @@ pub(crate) const KIND_BATCH: u8 = 1;
 /// from an older superblock that reaches this record cannot rebuild the transaction,
 /// and says so instead of silently dropping it.
 pub(crate) const KIND_CHECKPOINT_COMMIT: u8 = 2;
+/// A catalog change: a version made (snapshot or branch) or dropped. Payload:
+/// [`VersionOp`].
+pub(crate) const KIND_VERSION: u8 = 3;
 
 /// A log file kept after a checkpoint for the next generation to reuse: overwriting
 /// blocks a file already owns lets `fdatasync` skip the metadata journal, which on

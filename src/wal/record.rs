@@ -214,6 +214,95 @@ pub(crate) fn read_log(file: &dyn VFile, gen: u64, next_lsn: Lsn) -> Result<LogR
     })
 }
 
+const VERSION_CREATE: u8 = 1;
+const VERSION_DROP: u8 = 2;
+
+/// A logged catalog change. Payload: `id u32 | op u8 | 3 zero bytes`, then for a
+/// create: `source u32 | kind u8 | created_unix_ms u64 | created_checkpoint u64 |
+/// name_len u16 | name`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum VersionOp {
+    Create {
+        id: u32,
+        source: u32,
+        snapshot: bool,
+        created_unix_ms: u64,
+        created_checkpoint: u64,
+        name: String,
+    },
+    Drop {
+        id: u32,
+    },
+}
+
+impl VersionOp {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::new();
+        match self {
+            VersionOp::Create {
+                id,
+                source,
+                snapshot,
+                created_unix_ms,
+                created_checkpoint,
+                name,
+            } => {
+                put_u32(&mut b, *id);
+                b.extend_from_slice(&[VERSION_CREATE, 0, 0, 0]);
+                put_u32(&mut b, *source);
+                put_u8(&mut b, u8::from(*snapshot));
+                put_u64(&mut b, *created_unix_ms);
+                put_u64(&mut b, *created_checkpoint);
+                put_u16(&mut b, len_u16(name.len()));
+                b.extend_from_slice(name.as_bytes());
+            }
+            VersionOp::Drop { id } => {
+                put_u32(&mut b, *id);
+                b.extend_from_slice(&[VERSION_DROP, 0, 0, 0]);
+            }
+        }
+        b
+    }
+
+    pub(crate) fn decode(payload: &[u8]) -> Result<VersionOp> {
+        let mut d = Decoder::new(payload, "wal");
+        let id = d.u32()?;
+        let op = d.u8()?;
+        if d.bytes(3)? != [0, 0, 0] {
+            return Err(d.error("bad version record padding"));
+        }
+        let op = match op {
+            VERSION_CREATE => {
+                let source = d.u32()?;
+                let snapshot = match d.u8()? {
+                    0 => false,
+                    1 => true,
+                    k => return Err(d.error(format!("bad version kind {k}"))),
+                };
+                let created_unix_ms = d.u64()?;
+                let created_checkpoint = d.u64()?;
+                let len = usize::from(d.u16()?);
+                let name = String::from_utf8(d.bytes(len)?.to_vec())
+                    .map_err(|_| d.error("version name is not UTF-8"))?;
+                VersionOp::Create {
+                    id,
+                    source,
+                    snapshot,
+                    created_unix_ms,
+                    created_checkpoint,
+                    name,
+                }
+            }
+            VERSION_DROP => VersionOp::Drop { id },
+            k => return Err(d.error(format!("unknown version op {k}"))),
+        };
+        if d.remaining() != 0 {
+            return Err(d.error("trailing bytes in version record"));
+        }
+        Ok(op)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
