@@ -4,7 +4,7 @@ use super::codec::{human_bytes, human_time_utc};
 use super::commands::{check_name, open_read_only, open_writable, print_json};
 use super::error::{output_error, CliError};
 use super::Ctx;
-use cambium::{Change, Store, VersionInfo};
+use cambium::{Change, Store, VersionInfo, VersionKind};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::io::Write;
@@ -28,12 +28,44 @@ fn with_writable<T>(dir: &Path, f: impl FnOnce(&Store) -> CliResult<T>) -> CliRe
     }
 }
 
-/// Prints what `snapshot` or `branch` made.
-fn print_made(ctx: &Ctx, out: &mut impl Write, info: &VersionInfo, source: &str) -> CliResult {
-    if ctx.json {
-        return print_json(out, info);
+/// Makes a snapshot or a branch, then prints what it made: a short line, or with
+/// `--json` the new version as `versions --json` lists it.
+fn make(
+    ctx: &Ctx,
+    out: &mut impl Write,
+    dir: &Path,
+    source: &str,
+    name: &str,
+    kind: VersionKind,
+) -> CliResult {
+    check_name(source)?;
+    check_name(name)?;
+    let info = with_writable(dir, |store| {
+        // Whatever the call returns, the listing below is the one place the JSON
+        // comes from, so `snapshot --json` always matches `versions --json`.
+        match kind {
+            VersionKind::Snapshot => {
+                store.snapshot(source, name)?;
+            }
+            VersionKind::Branch => {
+                store.branch(source, name)?;
+            }
+        }
+        if !ctx.json {
+            return Ok(None);
+        }
+        let info = store.versions()?.into_iter().find(|v| v.name == name);
+        match info {
+            Some(info) => Ok(Some(info)),
+            None => Err(CliError::failure(format!(
+                "{kind} {name:?} was made but is not listed"
+            ))),
+        }
+    })?;
+    match info {
+        Some(info) => print_json(out, &info),
+        None => writeln!(out, "created {kind} {name} from {source}").map_err(output_error),
     }
-    writeln!(out, "created {} {} from {source}", info.kind, info.name).map_err(output_error)
 }
 
 /// `cambium snapshot DIR SOURCE NAME`
@@ -44,18 +76,12 @@ pub fn snapshot(
     source: &str,
     name: &str,
 ) -> CliResult {
-    check_name(source)?;
-    check_name(name)?;
-    let info = with_writable(dir, |store| Ok(store.snapshot(source, name)?))?;
-    print_made(ctx, out, &info, source)
+    make(ctx, out, dir, source, name, VersionKind::Snapshot)
 }
 
 /// `cambium branch DIR SOURCE NAME`
 pub fn branch(ctx: &Ctx, out: &mut impl Write, dir: &Path, source: &str, name: &str) -> CliResult {
-    check_name(source)?;
-    check_name(name)?;
-    let info = with_writable(dir, |store| Ok(store.branch(source, name)?))?;
-    print_made(ctx, out, &info, source)
+    make(ctx, out, dir, source, name, VersionKind::Branch)
 }
 
 /// `drop --json` output.
@@ -254,7 +280,6 @@ pub fn diff(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cambium::VersionKind;
 
     fn v(id: u32, name: &str, parent: Option<u32>, kind: VersionKind) -> VersionInfo {
         VersionInfo {
