@@ -23,6 +23,7 @@
 //! superblock is used and replays from the new generation.
 
 use crate::btree::node::{Body, Child, Node};
+use crate::cache::AddrMap;
 use crate::catalog::{Catalog, Meta};
 use crate::error::Result;
 use crate::format::{crc, len_u32, Addr, BlockRef, Lsn, SegmentId};
@@ -43,8 +44,9 @@ struct Frozen {
     /// The epoch whose dirty nodes this checkpoint writes.
     epoch: u64,
     catalog: Catalog,
-    /// Reference counts of written blocks, as of the freeze.
-    refcounts: BTreeMap<Addr, u32>,
+    /// Reference counts of written blocks, as of the freeze (a plain copy: sorting
+    /// it for the metadata happens after the writer lock is released).
+    refcounts: AddrMap<Addr, u32>,
     /// Counts of in-memory nodes (all of the frozen epoch), recorded by address once
     /// they are written.
     unmerged: Vec<(Arc<Node>, u32)>,
@@ -118,7 +120,7 @@ fn freeze(shared: &Shared, w: &mut WriterState, generation: u64) -> Result<Froze
     let frozen = Frozen {
         epoch: w.epoch,
         catalog: w.catalog.clone(),
-        refcounts: w.refs.table.iter().map(|(a, n)| (*a, *n)).collect(),
+        refcounts: w.refs.table.clone(),
         unmerged: w.refs.unmerged(),
         drop_queue: w.drop_queue.clone(),
         lsn: w.last_lsn,
@@ -171,7 +173,7 @@ fn write(shared: &Shared, durable: &mut crate::store::Durable, frozen: Frozen) -
     for level in collect_dirty(&frozen.catalog) {
         write_level(shared, &level, &mut written)?;
     }
-    let mut refcounts = frozen.refcounts;
+    let mut refcounts: BTreeMap<Addr, u32> = frozen.refcounts.into_iter().collect();
     for (node, count) in &frozen.unmerged {
         // Every node with a count above one is reachable from a root, so written.
         if let Some(r) = node.disk.get() {

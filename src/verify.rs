@@ -10,7 +10,7 @@
 //! payload structure. Every finding is a line in `problems`; it never stops at the
 //! first one unless the structure to walk is gone.
 
-use crate::btree::node::{Body, Child, Node, Value, BRANCH_ENTRY_MAX, NODE_MAX};
+use crate::btree::node::{Body, Child, Node, Value, BRANCH_ENTRY_MAX, LEAF_ENTRY_MAX, NODE_MAX};
 use crate::btree::Loader;
 use crate::catalog::Meta;
 use crate::error::Result;
@@ -116,8 +116,12 @@ impl Walker<'_> {
                 ));
             }
         }
+        // Bounds are soft, in bytes: a node splits at its middle when an insert would
+        // push it past NODE_MAX, and the half that takes the new entry may then end
+        // up to two maximal entries past the middle... and past NODE_MAX, when entries
+        // are kilobytes (long keys, values near the inline limit).
         let limit = if node.level == 0 {
-            NODE_MAX
+            NODE_MAX + 2 * LEAF_ENTRY_MAX
         } else {
             NODE_MAX + 2 * BRANCH_ENTRY_MAX
         };

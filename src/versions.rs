@@ -5,6 +5,32 @@
 //! points at the source's root node, whose reference count goes up by one). The trees
 //! then share every node until a writer shadows one; the sharing is tracked by lazy
 //! reference counts (`crate::refcount`).
+//!
+//! ```
+//! # fn main() -> cambium::Result<()> {
+//! use cambium::Change;
+//! let dir = tempfile::tempdir()?;
+//! let store = cambium::Store::create(dir.path().join("db"))?;
+//! store.put(b"model", b"v1")?;
+//!
+//! store.snapshot("main", "release-1")?; // O(1): shares main's tree
+//! store.branch("release-1", "experiment")?; // a writable clone of the snapshot
+//! let mut txn = store.begin_write_on("experiment")?;
+//! txn.put(b"model", b"v2")?;
+//! txn.commit()?;
+//!
+//! assert_eq!(store.read_at("release-1")?.get(b"model")?, Some(b"v1".to_vec()));
+//! let changes: Vec<Change> = store.diff("release-1", "experiment")?.collect::<Result<_, _>>()?;
+//! assert_eq!(
+//!     changes,
+//!     vec![Change::Changed { key: b"model".to_vec(), old: b"v1".to_vec(), new: b"v2".to_vec() }]
+//! );
+//!
+//! store.drop_version("experiment")?; // its own nodes are freed in the background
+//! let names: Vec<String> = store.versions()?.into_iter().map(|v| v.name).collect();
+//! assert_eq!(names, ["main", "release-1"]);
+//! # Ok(()) }
+//! ```
 
 use crate::btree::diff::TreeDiff;
 use crate::btree::node::{Body, Child, Node, Value};

@@ -54,10 +54,38 @@ fn model_diff(a: &Model, b: &Model) -> Vec<Change> {
     out
 }
 
-fn random_ops(seed: u64) -> Result<(), String> {
+/// How the store under test is configured.
+#[derive(Clone, Copy)]
+enum Setup {
+    /// Defaults: the tree stays pinned in memory (it fits the cache).
+    Pinned,
+    /// A tiny cache, so written trees are named by address and reloaded.
+    SmallCache,
+    /// A tiny cache and background checkpoints every few KiB of dirty nodes, so
+    /// writes, clones and drops meet checkpoints in flight.
+    Background,
+}
+
+fn options(vfs: &SimVfs, setup: Setup) -> cambium::Options {
+    let mut o = sim_options(vfs);
+    match setup {
+        Setup::Pinned => {}
+        Setup::SmallCache => o.cache_bytes = 16 << 10,
+        Setup::Background => {
+            o.cache_bytes = 16 << 10;
+            o.background_checkpoints = true;
+            o.checkpoint_dirty_bytes = 32 << 10;
+            o.checkpoint_interval = Some(std::time::Duration::from_millis(5));
+        }
+    }
+    o
+}
+
+fn random_ops(seed: u64, setup: Setup) -> Result<(), String> {
     let mut rng = Rng::new(seed);
     let mut vfs = SimVfs::new();
-    let mut store = create_sim(&vfs);
+    let open = |vfs: &SimVfs| Store::open_with(SIM_PATH, options(vfs, setup));
+    let mut store = ctx(Store::create_with(SIM_PATH, options(&vfs, setup)), "create")?;
     let mut model: Versions = BTreeMap::new();
     model.insert("main".into(), (VersionKind::Branch, Model::new()));
     let mut next = 0;
@@ -138,7 +166,7 @@ fn random_ops(seed: u64) -> Result<(), String> {
             }
             17 => {
                 ctx(store.close(), "close")?;
-                store = ctx(open_sim(&vfs), "reopen")?;
+                store = ctx(open(&vfs), "reopen")?;
                 check_all(&store, &model, &format!("step {step} after reopen"))?;
             }
             18 => {
@@ -146,7 +174,7 @@ fn random_ops(seed: u64) -> Result<(), String> {
                 let crashed = vfs.crash(rng.next());
                 drop(store);
                 vfs = crashed;
-                store = ctx(open_sim(&vfs), "open after crash")?;
+                store = ctx(open(&vfs), "open after crash")?;
                 check_all(&store, &model, &format!("step {step} after crash"))?;
                 verify_clean(&store, &format!("step {step} after crash"))?;
             }
@@ -166,11 +194,25 @@ fn random_ops(seed: u64) -> Result<(), String> {
 
 #[test]
 fn random_versions_against_a_model() {
+    run_seeds("random_versions_against_a_model", "versions", 8, |s| {
+        random_ops(s, Setup::Pinned)
+    });
+}
+
+#[test]
+fn random_versions_small_cache() {
+    run_seeds("random_versions_small_cache", "versions", 8, |s| {
+        random_ops(s, Setup::SmallCache)
+    });
+}
+
+#[test]
+fn random_versions_with_background_checkpoints() {
     run_seeds(
-        "random_versions_against_a_model",
+        "random_versions_with_background_checkpoints",
         "versions",
-        12,
-        random_ops,
+        8,
+        |s| random_ops(s, Setup::Background),
     );
 }
 

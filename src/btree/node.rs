@@ -36,6 +36,8 @@ pub(crate) const NODE_MIN: usize = NODE_MAX / 4;
 pub(crate) const MERGE_MAX: usize = NODE_MAX * 3 / 4;
 /// The largest branch entry: what a split may push into a parent.
 pub(crate) const BRANCH_ENTRY_MAX: usize = 2 + MAX_KEY_LEN + BlockRef::SIZE;
+/// The largest leaf entry: a maximal key with a value just at the inline limit.
+pub(crate) const LEAF_ENTRY_MAX: usize = 2 + 1 + MAX_KEY_LEN + 4 + crate::INLINE_VALUE_MAX;
 /// Deepest tree we accept from disk; a bound on descent against corrupted pointers.
 pub(crate) const MAX_DEPTH: usize = 32;
 
