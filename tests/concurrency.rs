@@ -140,6 +140,8 @@ fn snapshots_stay_fixed_under_writes_checkpoints_and_drops() {
     use std::collections::BTreeMap;
     use std::sync::Mutex;
     type Model = BTreeMap<Vec<u8>, Vec<u8>>;
+    /// Live snapshots and the contents each must keep.
+    type Taken = Arc<Mutex<Vec<(String, Arc<Model>)>>>;
 
     let dir = tempfile::tempdir().unwrap();
     let opts = Options {
@@ -150,7 +152,7 @@ fn snapshots_stay_fixed_under_writes_checkpoints_and_drops() {
         ..Options::default()
     };
     let store = Store::create_with(dir.path().join("db"), opts).unwrap();
-    let snapshots: Arc<Mutex<Vec<(String, Arc<Model>)>>> = Arc::default();
+    let snapshots: Taken = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
 
     let readers: Vec<_> = (0..2)
