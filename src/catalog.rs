@@ -23,6 +23,7 @@ use crate::format::{
 };
 use crate::space::Usage;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 const META_MAGIC: u32 = u32::from_le_bytes(*b"CMET");
 const NO_PARENT: u32 = u32::MAX;
@@ -44,7 +45,8 @@ fn kind_code(kind: VersionKind) -> u8 {
 #[derive(Clone, Debug)]
 pub(crate) struct Version {
     pub id: VersionId,
-    pub name: String,
+    /// Shared, so that publishing a view of a thousand versions copies no strings.
+    pub name: Arc<str>,
     pub kind: VersionKind,
     pub parent: Option<VersionId>,
     pub created_unix_ms: u64,
@@ -65,7 +67,7 @@ impl Catalog {
     pub(crate) fn initial() -> Catalog {
         let main = Version {
             id: VersionId(0),
-            name: crate::MAIN_BRANCH.to_owned(),
+            name: crate::MAIN_BRANCH.into(),
             kind: VersionKind::Branch,
             parent: None,
             created_unix_ms: crate::format::now_unix_ms(),
@@ -80,7 +82,7 @@ impl Catalog {
     }
 
     pub(crate) fn by_name(&self, name: &str) -> Option<&Version> {
-        self.versions.iter().find(|v| v.name == name)
+        self.versions.iter().find(|v| &*v.name == name)
     }
 
     pub(crate) fn by_id_mut(&mut self, id: VersionId) -> Option<&mut Version> {
@@ -177,7 +179,7 @@ impl Meta {
             };
             versions.push(Version {
                 id,
-                name,
+                name: name.into(),
                 kind,
                 parent,
                 created_unix_ms,
@@ -240,7 +242,7 @@ mod tests {
         meta.usage.insert(SegmentId(1), 10);
         let buf = meta.encode();
         let back = Meta::decode(&buf).unwrap();
-        assert_eq!(back.catalog.versions[0].name, "main");
+        assert_eq!(&*back.catalog.versions[0].name, "main");
         assert_eq!(back.usage, meta.usage);
         for cut in 0..buf.len() {
             assert!(Meta::decode(&buf[..cut]).is_err());

@@ -777,7 +777,12 @@ fn background_loop(
         let Some(shared) = weak.upgrade() else { return };
         if drops {
             // In small steps, so commits interleave; stop early on close.
-            while !lock(m).stop && crate::versions::drop_step(&shared, 64).unwrap_or(false) {}
+            loop {
+                let stopping = lock(m).stop;
+                if stopping || !crate::versions::drop_step(&shared, 64).unwrap_or(false) {
+                    break;
+                }
+            }
         }
         let due = wanted || (interval.is_some() && shared.has_unwritten());
         if due && shared.check_writable().is_ok() {

@@ -36,7 +36,7 @@ pub(crate) const LARGE_TXN_BYTES: usize = 16 << 20;
 /// One version as a view sees it.
 #[derive(Clone)]
 pub(crate) struct ViewVersion {
-    pub name: String,
+    pub name: Arc<str>,
     pub root: Option<Child>,
 }
 
@@ -395,7 +395,7 @@ impl ReadTxn {
         let v = view
             .versions
             .iter()
-            .find(|v| v.name == version)
+            .find(|v| &*v.name == version)
             .ok_or_else(|| Error::VersionNotFound(version.to_owned()))?;
         let root = v.root.clone();
         Ok(ReadTxn { shared, view, root })

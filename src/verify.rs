@@ -383,7 +383,11 @@ pub(crate) fn stats(shared: &Shared) -> Result<Stats> {
         drop_pending_nodes: drop_pending,
         ..Stats::default()
     };
-    if let Some(main) = view.versions.iter().find(|v| v.name == crate::MAIN_BRANCH) {
+    if let Some(main) = view
+        .versions
+        .iter()
+        .find(|v| &*v.name == crate::MAIN_BRANCH)
+    {
         if let Some(root) = &main.root {
             tree_stats(shared.loader(), root, &mut s)?;
         }

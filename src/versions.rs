@@ -33,7 +33,7 @@
 //! ```
 
 use crate::btree::diff::TreeDiff;
-use crate::btree::node::{Body, Child, Node, Value};
+use crate::btree::node::{Body, Child, Value};
 use crate::btree::{Loader, WriteCtx};
 use crate::catalog::{Version, VersionId};
 use crate::error::{Error, Result};
@@ -43,6 +43,7 @@ use crate::space::SpaceDelta;
 use crate::store::{Shared, WriterState};
 use crate::txn::View;
 use crate::wal::{self, VersionOp};
+use crate::Durability;
 use serde::Serialize;
 use std::sync::Arc;
 
@@ -221,13 +222,32 @@ impl crate::Store {
     /// Makes a read-only version `name` of `source` (a branch or a snapshot), in
     /// constant time: it copies `source`'s root, never its data. Durable on return.
     pub fn snapshot(&self, source: &str, name: &str) -> Result<()> {
-        make_version(&self.shared, source, name, VersionKind::Snapshot)
+        self.snapshot_with(source, name, Durability::Immediate)
+    }
+
+    /// [`crate::Store::snapshot`] with a choice of durability: `Deferred` returns
+    /// without waiting for the WAL fsync (the snapshot is visible at once and durable
+    /// with the next fsync or checkpoint), for callers that make many at a time.
+    pub fn snapshot_with(&self, source: &str, name: &str, durability: Durability) -> Result<()> {
+        make_version(
+            &self.shared,
+            source,
+            name,
+            VersionKind::Snapshot,
+            durability,
+        )
     }
 
     /// Makes a writable clone `name` of `source` (a branch or a snapshot), in constant
     /// time. The two then diverge independently. Durable on return.
     pub fn branch(&self, source: &str, name: &str) -> Result<()> {
-        make_version(&self.shared, source, name, VersionKind::Branch)
+        self.branch_with(source, name, Durability::Immediate)
+    }
+
+    /// [`crate::Store::branch`] with a choice of durability (see
+    /// [`crate::Store::snapshot_with`]).
+    pub fn branch_with(&self, source: &str, name: &str, durability: Durability) -> Result<()> {
+        make_version(&self.shared, source, name, VersionKind::Branch, durability)
     }
 
     /// Removes the version `name`. The version is gone at once (durable on return);
@@ -264,6 +284,14 @@ impl crate::Store {
         Ok(())
     }
 
+    /// Frees up to `max_nodes` nodes of dropped versions and returns whether more
+    /// remain: the background thread's unit of work, for applications that run
+    /// without one ([`crate::Options::background_checkpoints`] off) and want to spread
+    /// a big drop over their own idle time.
+    pub fn drop_step(&self, max_nodes: usize) -> Result<bool> {
+        drop_step(&self.shared, max_nodes.max(1))
+    }
+
     /// Runs the reclamation of dropped versions to the end (it otherwise proceeds in
     /// the background). The space it frees is reusable after the next checkpoint.
     pub fn finish_drops(&self) -> Result<()> {
@@ -273,7 +301,8 @@ impl crate::Store {
 
     /// Every version, in the order they were made, with its space accounting. The
     /// figures count nodes as they are (or will be, once checkpointed) on disk.
-    /// This walks every version's tree: its cost grows with the store.
+    /// This reads every node of the store once (shared subtrees once), plus the
+    /// nodes each version holds alone: its cost grows with the store.
     pub fn versions(&self) -> Result<Vec<VersionInfo>> {
         let shared = &self.shared;
         let (catalog, refs) = {
@@ -281,10 +310,11 @@ impl crate::Store {
             (w.catalog.clone(), w.refs.clone())
         };
         let loader = shared.loader();
+        let mut memo = SubtreeMemo::new();
         let mut out = Vec::with_capacity(catalog.versions.len());
         for v in &catalog.versions {
             let (referenced_bytes, keys) = match &v.root {
-                Some(root) => referenced(loader, root)?,
+                Some(root) => referenced(loader, root, &mut memo, 0)?,
                 None => (0, 0),
             };
             let exclusive_bytes = match &v.root {
@@ -296,10 +326,10 @@ impl crate::Store {
                 .and_then(|p| catalog.versions.iter().find(|x| x.id == p));
             out.push(VersionInfo {
                 id: v.id.0,
-                name: v.name.clone(),
+                name: v.name.to_string(),
                 kind: v.kind,
                 parent_id: parent.map(|p| p.id.0),
-                parent: parent.map(|p| p.name.clone()),
+                parent: parent.map(|p| p.name.to_string()),
                 created_unix_ms: v.created_unix_ms,
                 created_lsn: v.created_lsn.0,
                 created_checkpoint: v.created_checkpoint,
@@ -319,7 +349,7 @@ impl crate::Store {
         let root = |name: &str| -> Result<Option<Child>> {
             view.versions
                 .iter()
-                .find(|v| v.name == name)
+                .find(|v| &*v.name == name)
                 .map(|v| v.root.clone())
                 .ok_or_else(|| Error::VersionNotFound(name.to_owned()))
         };
@@ -333,7 +363,13 @@ impl crate::Store {
     }
 }
 
-fn make_version(shared: &Shared, source: &str, name: &str, kind: VersionKind) -> Result<()> {
+fn make_version(
+    shared: &Shared,
+    source: &str,
+    name: &str,
+    kind: VersionKind,
+    durability: Durability,
+) -> Result<()> {
     check_version_name(name)?;
     shared.check_writable()?;
     let mut w = shared.lock_writer();
@@ -364,10 +400,12 @@ fn make_version(shared: &Shared, source: &str, name: &str, kind: VersionKind) ->
     w.last_lsn = lsn;
     let view = Arc::new(View::new(lsn, &w.catalog, shared.views.clone()));
     drop(w);
-    shared
-        .wal
-        .sync_to(lsn, &shared.segments)
-        .inspect_err(|e| shared.poison(e))?;
+    if durability == Durability::Immediate {
+        shared
+            .wal
+            .sync_to(lsn, &shared.segments)
+            .inspect_err(|e| shared.poison(e))?;
+    }
     shared.publish(view);
     Ok(())
 }
@@ -407,7 +445,7 @@ fn apply_create(w: &mut WriterState, op: VersionOp, lsn: Lsn) -> Result<()> {
     }
     w.catalog.versions.push(Version {
         id: VersionId(id),
-        name,
+        name: name.into(),
         kind: if snapshot {
             VersionKind::Snapshot
         } else {
@@ -521,28 +559,61 @@ pub(crate) fn replay(
     }
 }
 
-/// Bytes of the distinct nodes and extents reachable from `root`, and its keys.
-fn referenced(loader: Loader<'_>, root: &Child) -> Result<(u64, u64)> {
-    let mut bytes = 0;
+/// Subtree totals already computed during one `versions()` call, by node identity
+/// (address once written, else the in-memory node): versions share most of their
+/// subtrees, so the store is read once, not once per version.
+type SubtreeMemo = std::collections::HashMap<u64, (u64, u64)>;
+
+fn identity(child: &Child) -> u64 {
+    match child.disk_ref() {
+        Some(r) => r.addr.0,
+        // In-memory addresses are below 2^63 on every platform we run on; written
+        // addresses of such magnitude would need a segment id of 2^23.
+        None => match child {
+            Child::Mem(n) => (Arc::as_ptr(n) as usize as u64) | (1 << 63),
+            Child::Disk(_) => unreachable!("a Disk child has an address"),
+        },
+    }
+}
+
+/// Bytes of the nodes and extents reachable from `child`, and the keys in it. Within
+/// one tree nothing is reachable twice (an extent belongs to one leaf of a version).
+fn referenced(
+    loader: Loader<'_>,
+    child: &Child,
+    memo: &mut SubtreeMemo,
+    depth: usize,
+) -> Result<(u64, u64)> {
+    if depth > crate::btree::node::MAX_DEPTH {
+        return Err(Error::corrupted("node", "tree deeper than MAX_DEPTH"));
+    }
+    let id = identity(child);
+    if let Some(&totals) = memo.get(&id) {
+        return Ok(totals);
+    }
+    let node = loader.resolve(child)?;
+    let mut bytes = child
+        .disk_ref()
+        .map_or(node.size as u64, |r| u64::from(r.len));
     let mut keys = 0;
-    let mut extents = std::collections::HashSet::new();
-    let mut visit = |child: &Child, node: &Arc<Node>| -> Result<bool> {
-        bytes += child
-            .disk_ref()
-            .map_or(node.size as u64, |r| u64::from(r.len));
-        if let Body::Leaf(entries) = &node.body {
+    match &node.body {
+        Body::Leaf(entries) => {
             keys += entries.len() as u64;
             for e in entries {
                 if let Value::Extent(r) = e.value {
-                    if extents.insert(r.addr) {
-                        bytes += u64::from(r.len);
-                    }
+                    bytes += u64::from(r.len);
                 }
             }
         }
-        Ok(true)
-    };
-    crate::btree::walk(loader, root, &mut visit)?;
+        Body::Branch(entries) => {
+            for e in entries {
+                let (b, k) = referenced(loader, &e.child, memo, depth + 1)?;
+                bytes += b;
+                keys += k;
+            }
+        }
+    }
+    memo.insert(id, (bytes, keys));
     Ok((bytes, keys))
 }
 

@@ -130,3 +130,113 @@ fn commits_reads_and_checkpoints_interleave() {
     let report = store.verify().unwrap();
     assert!(report.is_clean(), "{:?}", report.problems);
 }
+
+/// Snapshots are immutable while everything moves around them: a writer keeps
+/// changing `main` and a branch, takes snapshots and drops old ones; background
+/// checkpoints and drop walks run constantly; readers compare random live snapshots
+/// with what they held when taken.
+#[test]
+fn snapshots_stay_fixed_under_writes_checkpoints_and_drops() {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+    type Model = BTreeMap<Vec<u8>, Vec<u8>>;
+    /// Live snapshots and the contents each must keep.
+    type Taken = Arc<Mutex<Vec<(String, Arc<Model>)>>>;
+
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options {
+        checkpoint_wal_bytes: 16 << 10,
+        checkpoint_dirty_bytes: 32 << 10,
+        checkpoint_interval: Some(Duration::from_millis(3)),
+        cache_bytes: 64 << 10,
+        ..Options::default()
+    };
+    let store = Store::create_with(dir.path().join("db"), opts).unwrap();
+    let snapshots: Taken = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+
+    let readers: Vec<_> = (0..2)
+        .map(|r| {
+            let (store, snapshots, stop) = (store.clone(), snapshots.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut checked = 0u64;
+                let mut i = r;
+                while !stop.load(Ordering::Relaxed) {
+                    let pick = {
+                        let s = snapshots.lock().unwrap();
+                        (!s.is_empty()).then(|| s[i % s.len()].clone())
+                    };
+                    i += 1;
+                    let Some((name, want)) = pick else { continue };
+                    let view = match store.read_at(&name) {
+                        Ok(v) => v,
+                        Err(cambium::Error::VersionNotFound(_)) => continue, // dropped
+                        Err(e) => panic!("read_at {name}: {e}"),
+                    };
+                    let got: Model = view.iter().unwrap().map(|kv| kv.unwrap()).collect();
+                    assert!(got == *want, "snapshot {name} changed");
+                    checked += 1;
+                }
+                checked
+            })
+        })
+        .collect();
+
+    let mut main = Model::new();
+    let mut side = Model::new();
+    store.branch("main", "side").unwrap();
+    for round in 0..120u32 {
+        for (branch, model) in [("main", &mut main), ("side", &mut side)] {
+            let mut txn = store.begin_write_on(branch).unwrap();
+            txn.set_durability(Durability::Deferred);
+            for j in 0..40u32 {
+                let k = format!("k{:05}", (round * 7919 + j * 104_729) % 5000).into_bytes();
+                if j % 5 == 4 {
+                    txn.delete(&k).unwrap();
+                    model.remove(&k);
+                } else {
+                    let v = format!("{branch}-{round}-{j}")
+                        .into_bytes()
+                        .repeat(1 + (j as usize % 4));
+                    txn.put(&k, &v).unwrap();
+                    model.insert(k, v);
+                }
+            }
+            txn.commit().unwrap();
+        }
+        let name = format!("snap{round}");
+        let (source, model) = if round % 2 == 0 {
+            ("main", &main)
+        } else {
+            ("side", &side)
+        };
+        store.snapshot(source, &name).unwrap();
+        let mut s = snapshots.lock().unwrap();
+        s.push((name, Arc::new(model.clone())));
+        if s.len() > 8 {
+            let (old, _) = s.remove(round as usize % 8);
+            drop(s);
+            store.drop_version(&old).unwrap();
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let checked: u64 = readers.into_iter().map(|r| r.join().unwrap()).sum();
+    assert!(checked > 0, "the readers checked nothing");
+    store.checkpoint().unwrap();
+    let report = store.verify().unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    let snaps = snapshots.lock().unwrap().clone();
+    let path = store.path().to_path_buf();
+    store.close().unwrap();
+    let store = Store::open(&path).unwrap();
+    for (name, want) in snaps {
+        let got: Model = store
+            .read_at(&name)
+            .unwrap()
+            .iter()
+            .unwrap()
+            .map(|kv| kv.unwrap())
+            .collect();
+        assert!(got == *want, "snapshot {name} changed across reopen");
+    }
+}
