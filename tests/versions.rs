@@ -1,6 +1,10 @@
 //! Versions through the API: snapshots, branches, drop, diff and the space they use,
-//! checked against a model (one `BTreeMap` per version) with checkpoints, reopens and
-//! `verify` (which recomputes reference counts and live bytes from a full walk).
+//! checked against a model (one `BTreeMap` per version, plus the parent links) with
+//! checkpoints, reopens, power loss and `verify` (which recomputes reference counts and
+//! live bytes from a full walk). Space accounting is checked against what dropping
+//! actually frees: a dropped version's `exclusive_bytes` is what live bytes fall by,
+//! clones made and all dropped again leave live bytes exactly where they were, and
+//! each run ends by dropping every version down to zero live bytes.
 
 mod common;
 
@@ -11,15 +15,41 @@ use std::collections::BTreeMap;
 
 type Versions = BTreeMap<String, (VersionKind, Model)>;
 
-fn check_all(store: &Store, model: &Versions, when: &str) -> Result<(), String> {
-    let mut names: Vec<String> = ctx(store.versions(), "versions")?
-        .into_iter()
-        .map(|v| v.name)
-        .collect();
+/// The version each version was made from, as `versions()` must report it: a drop
+/// re-links the versions made from the dropped one to its parent.
+type Parents = BTreeMap<String, Option<String>>;
+
+fn check_all(store: &Store, model: &Versions, parents: &Parents, when: &str) -> Result<(), String> {
+    let infos = ctx(store.versions(), "versions")?;
+    let mut names: Vec<String> = infos.iter().map(|v| v.name.clone()).collect();
     names.sort();
     let want: Vec<String> = model.keys().cloned().collect();
     if names != want {
         return Err(format!("{when}: versions {names:?}, model has {want:?}"));
+    }
+    for v in &infos {
+        let (kind, m) = &model[&v.name];
+        if v.kind != *kind || v.keys != m.len() as u64 {
+            return Err(format!(
+                "{when}: version {}: {:?} with {} keys, model has {kind:?} with {}",
+                v.name,
+                v.kind,
+                v.keys,
+                m.len()
+            ));
+        }
+        if v.parent != parents[&v.name] {
+            return Err(format!(
+                "{when}: version {}: parent {:?}, model has {:?}",
+                v.name, v.parent, parents[&v.name]
+            ));
+        }
+        if v.exclusive_bytes > v.referenced_bytes {
+            return Err(format!(
+                "{when}: version {}: {} bytes exclusive but only {} referenced",
+                v.name, v.exclusive_bytes, v.referenced_bytes
+            ));
+        }
     }
     for (name, (_, m)) in model {
         let got = ctx(dump(&ctx(store.read_at(name), "read_at")?), "dump")?;
@@ -81,77 +111,249 @@ fn options(vfs: &SimVfs, setup: Setup) -> cambium::Options {
     o
 }
 
+/// The store under test and its model.
+struct Run {
+    setup: Setup,
+    rng: Rng,
+    vfs: SimVfs,
+    /// `None` only while it is being reopened.
+    store: Option<Store>,
+    model: Versions,
+    parents: Parents,
+    /// Versions made so far (the next one is named `v{made + 1}`).
+    made: usize,
+}
+
+impl Run {
+    fn store(&self) -> &Store {
+        self.store.as_ref().expect("open")
+    }
+
+    fn open(&mut self, what: &str) -> Result<(), String> {
+        let store = Store::open_with(SIM_PATH, options(&self.vfs, self.setup));
+        self.store = Some(ctx(store, what)?);
+        Ok(())
+    }
+
+    fn reopen(&mut self, when: &str) -> Result<(), String> {
+        ctx(self.store.take().expect("open").close(), "close")?;
+        self.open("reopen")?;
+        check_all(self.store(), &self.model, &self.parents, when)
+    }
+
+    /// Power loss with the store open: unsynced writes are dropped or torn.
+    fn power_loss(&mut self, when: &str) -> Result<(), String> {
+        let crashed = self.vfs.crash(self.rng.next());
+        drop(self.store.take());
+        self.vfs = crashed;
+        self.open("open after crash")?;
+        check_all(self.store(), &self.model, &self.parents, when)?;
+        verify_clean(self.store(), when)
+    }
+
+    /// Makes a snapshot or a branch of `source`; returns its name.
+    fn clone_version(&mut self, source: &str) -> Result<String, String> {
+        self.made += 1;
+        let new = format!("v{}", self.made);
+        let kind = if self.rng.chance(1, 2) {
+            ctx(self.store().snapshot(source, &new), "snapshot")?;
+            VersionKind::Snapshot
+        } else {
+            ctx(self.store().branch(source, &new), "branch")?;
+            VersionKind::Branch
+        };
+        let m = self.model[source].1.clone();
+        self.model.insert(new.clone(), (kind, m));
+        self.parents.insert(new.clone(), Some(source.to_owned()));
+        Ok(new)
+    }
+
+    /// A transaction of random puts and deletes on `name` (a branch), committed or
+    /// (sometimes) aborted.
+    fn write(&mut self, name: &str, step: usize) -> Result<(), String> {
+        let rng = &mut self.rng;
+        let store = self.store.as_ref().expect("open");
+        let mut txn = ctx(store.begin_write_on(name), "begin")?;
+        let m = &mut self.model.get_mut(name).expect("exists").1;
+        let mut shadow = m.clone();
+        for _ in 0..rng.usize(1, 40) {
+            if rng.chance(3, 4) || shadow.is_empty() {
+                let k = gen_key(rng, &shadow);
+                let v = gen_value(rng);
+                ctx(txn.put(&k, &v), "put")?;
+                shadow.insert(k, v);
+            } else {
+                let k = gen_key(rng, &shadow);
+                let existed = ctx(txn.delete(&k), "delete")?;
+                if existed != shadow.remove(&k).is_some() {
+                    return Err(format!("step {step}: delete result wrong"));
+                }
+            }
+        }
+        if rng.chance(1, 8) {
+            txn.abort();
+        } else {
+            ctx(txn.commit(), "commit")?;
+            *m = shadow;
+        }
+        Ok(())
+    }
+
+    fn drop_version(&mut self, name: &str, step: usize) -> Result<(), String> {
+        ctx(self.store().drop_version(name), "drop")?;
+        let parent = self.parents.remove(name).expect("exists");
+        for p in self.parents.values_mut() {
+            if p.as_deref() == Some(name) {
+                p.clone_from(&parent);
+            }
+        }
+        self.model.remove(name);
+        if !matches!(self.store().read_at(name), Err(Error::VersionNotFound(_))) {
+            return Err(format!(
+                "step {step}: dropped version {name} still readable"
+            ));
+        }
+        Ok(())
+    }
+
+    fn live_bytes(&self) -> Result<u64, String> {
+        Ok(ctx(self.store().stats(), "stats")?.live_bytes)
+    }
+
+    /// Drops `name` on a checkpointed store and checks that the space it frees is
+    /// what `versions()` said it held alone, and that no other version's space
+    /// figures moved except by sharing less.
+    fn drop_and_account(&mut self, name: &str, step: usize) -> Result<(), String> {
+        ctx(self.store().checkpoint(), "checkpoint")?;
+        let before = ctx(self.store().versions(), "versions")?;
+        let live0 = self.live_bytes()?;
+        let gone = before.iter().find(|v| v.name == name).expect("listed");
+        if self.model.len() == 1 && (gone.exclusive_bytes, gone.referenced_bytes) != (live0, live0)
+        {
+            return Err(format!(
+                "step {step}: {name}, the only version, has {} bytes exclusive and {} \
+                 referenced, but the store holds {live0} live bytes",
+                gone.exclusive_bytes, gone.referenced_bytes
+            ));
+        }
+        self.drop_version(name, step)?;
+        ctx(self.store().finish_drops(), "finish_drops")?;
+        ctx(self.store().checkpoint(), "checkpoint")?;
+        let live1 = self.live_bytes()?;
+        if live0.checked_sub(live1) != Some(gone.exclusive_bytes) {
+            return Err(format!(
+                "step {step}: dropping {name} took live bytes from {live0} to {live1}, \
+                 but versions() said it held {} bytes alone",
+                gone.exclusive_bytes
+            ));
+        }
+        let after = ctx(self.store().versions(), "versions")?;
+        for v in &after {
+            let b = before.iter().find(|b| b.name == v.name).expect("listed");
+            if v.referenced_bytes != b.referenced_bytes || v.exclusive_bytes < b.exclusive_bytes {
+                return Err(format!(
+                    "step {step}: dropping {name} changed {}'s space from {}/{} to {}/{} \
+                     (referenced/exclusive)",
+                    v.name,
+                    b.referenced_bytes,
+                    b.exclusive_bytes,
+                    v.referenced_bytes,
+                    v.exclusive_bytes
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Clones of the current versions (and clones of those), written to, maybe
+    /// across a reopen or a power loss, then all dropped: once a checkpoint is
+    /// durable the store's live bytes are exactly what they were before the clones.
+    fn clone_and_drop_all(&mut self, step: usize) -> Result<(), String> {
+        ctx(self.store().checkpoint(), "checkpoint")?;
+        let live0 = self.live_bytes()?;
+        let mut sources: Vec<String> = self.model.keys().cloned().collect();
+        let mut clones = Vec::new();
+        for _ in 0..self.rng.usize(1, 6) {
+            let source = self.rng.pick(&sources).clone();
+            let new = self.clone_version(&source)?;
+            sources.push(new.clone());
+            clones.push(new);
+            let writable: Vec<String> = clones
+                .iter()
+                .filter(|c| self.model[*c].0 == VersionKind::Branch)
+                .cloned()
+                .collect();
+            if !writable.is_empty() && self.rng.chance(2, 3) {
+                let target = self.rng.pick(&writable).clone();
+                self.write(&target, step)?;
+            }
+        }
+        match self.rng.below(4) {
+            0 => self.reopen(&format!("step {step} reopen with clones"))?,
+            1 => self.power_loss(&format!("step {step} crash with clones"))?,
+            2 => ctx(self.store().checkpoint(), "checkpoint")?,
+            _ => {}
+        }
+        while !clones.is_empty() {
+            let i = self.rng.below(clones.len() as u64) as usize;
+            let name = clones.swap_remove(i);
+            self.drop_version(&name, step)?;
+        }
+        ctx(self.store().checkpoint(), "checkpoint")?;
+        let live1 = self.live_bytes()?;
+        if live1 != live0 {
+            return Err(format!(
+                "step {step}: live bytes {live0} before the clones, {live1} after dropping them"
+            ));
+        }
+        verify_clean(
+            self.store(),
+            &format!("step {step} after dropping the clones"),
+        )
+    }
+}
+
 fn random_ops(seed: u64, setup: Setup) -> Result<(), String> {
-    let mut rng = Rng::new(seed);
-    let mut vfs = SimVfs::new();
-    let open = |vfs: &SimVfs| Store::open_with(SIM_PATH, options(vfs, setup));
-    let mut store = ctx(Store::create_with(SIM_PATH, options(&vfs, setup)), "create")?;
-    let mut model: Versions = BTreeMap::new();
-    model.insert("main".into(), (VersionKind::Branch, Model::new()));
-    let mut next = 0;
-    for step in 0..600 {
-        let names: Vec<String> = model.keys().cloned().collect();
-        let name = rng.pick(&names).clone();
-        match rng.below(20) {
-            0..=9 => {
-                if model[&name].0 != VersionKind::Branch {
-                    let mut txn = ctx(store.begin_write_on(&name).map(|_| ()), "x").err();
-                    if txn.take().is_none() {
+    let vfs = SimVfs::new();
+    let store = ctx(Store::create_with(SIM_PATH, options(&vfs, setup)), "create")?;
+    let mut run = Run {
+        setup,
+        rng: Rng::new(seed),
+        vfs,
+        store: Some(store),
+        model: BTreeMap::from([("main".to_owned(), (VersionKind::Branch, Model::new()))]),
+        parents: BTreeMap::from([("main".to_owned(), None)]),
+        made: 0,
+    };
+    for step in 0..800 {
+        let names: Vec<String> = run.model.keys().cloned().collect();
+        let name = run.rng.pick(&names).clone();
+        match run.rng.below(48) {
+            0..=19 => {
+                if run.model[&name].0 != VersionKind::Branch {
+                    if !matches!(run.store().begin_write_on(&name), Err(Error::ReadOnly(_))) {
                         return Err(format!("step {step}: write to snapshot {name} allowed"));
                     }
                     continue;
                 }
-                let mut txn = ctx(store.begin_write_on(&name), "begin")?;
-                let m = &mut model.get_mut(&name).expect("exists").1;
-                let mut shadow = m.clone();
-                for _ in 0..rng.usize(1, 40) {
-                    if rng.chance(3, 4) || shadow.is_empty() {
-                        let k = gen_key(&mut rng, &shadow);
-                        let v = gen_value(&mut rng);
-                        ctx(txn.put(&k, &v), "put")?;
-                        shadow.insert(k, v);
-                    } else {
-                        let k = gen_key(&mut rng, &shadow);
-                        let existed = ctx(txn.delete(&k), "delete")?;
-                        if existed != shadow.remove(&k).is_some() {
-                            return Err(format!("step {step}: delete result wrong"));
-                        }
-                    }
-                }
-                if rng.chance(1, 8) {
-                    txn.abort();
-                } else {
-                    ctx(txn.commit(), "commit")?;
-                    *m = shadow;
+                run.write(&name, step)?;
+            }
+            20..=29 => {
+                run.clone_version(&name)?;
+            }
+            30..=33 if run.model.len() > 1 => {
+                run.drop_version(&name, step)?;
+                if run.rng.chance(1, 2) {
+                    ctx(run.store().finish_drops(), "finish_drops")?;
                 }
             }
-            10..=12 => {
-                next += 1;
-                let new = format!("v{next}");
-                let snapshot = rng.chance(1, 2);
-                let kind = if snapshot {
-                    ctx(store.snapshot(&name, &new), "snapshot")?;
-                    VersionKind::Snapshot
-                } else {
-                    ctx(store.branch(&name, &new), "branch")?;
-                    VersionKind::Branch
-                };
-                let m = model[&name].1.clone();
-                model.insert(new, (kind, m));
-            }
-            13 | 14 if model.len() > 1 => {
-                ctx(store.drop_version(&name), "drop")?;
-                model.remove(&name);
-                if rng.chance(1, 2) {
-                    ctx(store.finish_drops(), "finish_drops")?;
-                }
-            }
-            15 => {
-                let other = rng.pick(&names).clone();
-                let got: Vec<Change> = ctx(store.diff(&name, &other), "diff")?
+            34 if run.model.len() > 1 => run.drop_and_account(&name, step)?,
+            35 | 36 => {
+                let other = run.rng.pick(&names).clone();
+                let got: Vec<Change> = ctx(run.store().diff(&name, &other), "diff")?
                     .collect::<Result<_, _>>()
                     .map_err(|e| format!("diff: {e}"))?;
-                let want = model_diff(&model[&name].1, &model[&other].1);
+                let want = model_diff(&run.model[&name].1, &run.model[&other].1);
                 if got != want {
                     return Err(format!(
                         "step {step}: diff {name} {other}: {} changes, want {}",
@@ -160,36 +362,46 @@ fn random_ops(seed: u64, setup: Setup) -> Result<(), String> {
                     ));
                 }
             }
-            16 => {
-                ctx(store.checkpoint(), "checkpoint")?;
-                verify_clean(&store, &format!("step {step} after checkpoint"))?;
+            37 | 38 => {
+                ctx(run.store().checkpoint(), "checkpoint")?;
+                verify_clean(run.store(), &format!("step {step} after checkpoint"))?;
             }
-            17 => {
-                ctx(store.close(), "close")?;
-                store = ctx(open(&vfs), "reopen")?;
-                check_all(&store, &model, &format!("step {step} after reopen"))?;
-            }
-            18 => {
-                // Power loss with the store open: unsynced writes are dropped or torn.
-                let crashed = vfs.crash(rng.next());
-                drop(store);
-                vfs = crashed;
-                store = ctx(open(&vfs), "open after crash")?;
-                check_all(&store, &model, &format!("step {step} after crash"))?;
-                verify_clean(&store, &format!("step {step} after crash"))?;
-            }
+            39 | 40 => run.reopen(&format!("step {step} after reopen"))?,
+            41 | 42 => run.power_loss(&format!("step {step} after crash"))?,
+            43 => run.clone_and_drop_all(step)?,
             _ => {
-                let got = ctx(dump(&ctx(store.read_at(&name), "read_at")?), "dump")?;
-                if let Some(d) = diff(&got, &model[&name].1) {
+                let got = ctx(dump(&ctx(run.store().read_at(&name), "read_at")?), "dump")?;
+                if let Some(d) = diff(&got, &run.model[&name].1) {
                     return Err(format!("step {step}: version {name}: {d}"));
                 }
             }
         }
     }
-    check_all(&store, &model, "end")?;
-    ctx(store.checkpoint(), "final checkpoint")?;
-    verify_clean(&store, "end")?;
-    Ok(())
+    // Typically 200 to 250 made, 60 to 100 left at the end.
+    if run.made < 150 {
+        return Err(format!("only {} versions made", run.made));
+    }
+    check_all(run.store(), &run.model, &run.parents, "end")?;
+    ctx(run.store().checkpoint(), "final checkpoint")?;
+    verify_clean(run.store(), "end")?;
+    // Take the store apart one version at a time, each drop freeing what the listing
+    // said the version held alone; the last one held everything, and then nothing
+    // is left.
+    while let Some(name) = {
+        let names: Vec<String> = run.model.keys().cloned().collect();
+        (!names.is_empty()).then(|| run.rng.pick(&names).clone())
+    } {
+        run.drop_and_account(&name, 800)?;
+    }
+    if run.live_bytes()? != 0 {
+        return Err(format!(
+            "{} live bytes left with no version",
+            run.live_bytes()?
+        ));
+    }
+    verify_clean(run.store(), "all dropped")?;
+    run.reopen("all dropped, reopened")?;
+    verify_clean(run.store(), "all dropped, reopened")
 }
 
 #[test]
