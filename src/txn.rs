@@ -185,7 +185,7 @@ impl<'s> WriteTxn<'s> {
             let r = self
                 .shared
                 .segments
-                .append(value)
+                .append_value(value)
                 .inspect_err(|e| self.fail(e))?;
             self.delta.alloc(r);
             Value::Extent(r)

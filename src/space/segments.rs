@@ -25,6 +25,12 @@ struct Appender {
     next_id: u32,
     /// Segments written since their last sync.
     unsynced: BTreeSet<SegmentId>,
+    /// Segments holding value extents written since the WAL last synced them: a WAL
+    /// record naming an extent must not become durable before the extent does. Kept
+    /// apart from `unsynced` so that a commit fsyncs only what its records depend on,
+    /// not the nodes a background checkpoint is writing meanwhile. Only the WAL's
+    /// (serialised) group-commit sync clears it.
+    values_unsynced: BTreeSet<SegmentId>,
 }
 
 pub(crate) struct Segments {
@@ -61,6 +67,7 @@ impl Segments {
             end: 0,
             next_id,
             unsynced: BTreeSet::new(),
+            values_unsynced: BTreeSet::new(),
         };
         Ok(Segments {
             vfs,
@@ -169,6 +176,18 @@ impl Segments {
         })
     }
 
+    /// Appends a value extent that a WAL record will name: like [`Segments::append`],
+    /// and [`Segments::sync_values`] makes it durable.
+    pub(crate) fn append_value(&self, data: &[u8]) -> Result<BlockRef> {
+        let r = self.append(data)?;
+        // After the write: a sync that takes the set before this insert did not cover
+        // this extent, and the next one will.
+        lock(&self.appender)
+            .values_unsynced
+            .insert(r.addr.segment());
+        Ok(r)
+    }
+
     /// Appends a buffer holding several blocks; returns the address of its first byte
     /// (blocks inside are at that address plus their offset in the buffer) and the
     /// segment it went to.
@@ -229,6 +248,25 @@ impl Segments {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(&id)
             .cloned()
+    }
+
+    /// Makes every value extent appended so far durable (the WAL calls this before it
+    /// syncs records that may name them). Callers are serialised by the WAL.
+    pub(crate) fn sync_values(&self) -> Result<()> {
+        let pending: Vec<SegmentId> = std::mem::take(&mut lock(&self.appender).values_unsynced)
+            .into_iter()
+            .collect();
+        for id in &pending {
+            if let Some(f) = self.file(*id) {
+                if let Err(e) = f.sync() {
+                    lock(&self.appender)
+                        .values_unsynced
+                        .extend(pending.iter().copied());
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Makes every append so far durable.
@@ -310,7 +348,11 @@ impl Segments {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(&id);
-        lock(&self.appender).unsynced.remove(&id);
+        {
+            let mut app = lock(&self.appender);
+            app.unsynced.remove(&id);
+            app.values_unsynced.remove(&id);
+        }
         self.vfs.remove(&id.file_name())?;
         Ok(())
     }

@@ -210,7 +210,9 @@ impl Wal {
     }
 
     fn write_and_sync(file: &dyn VFile, at: u64, buf: &[u8], segments: &Segments) -> Result<()> {
-        segments.sync()?;
+        // Only the value extents records may name; checkpoint writes in flight are the
+        // checkpoint's to sync.
+        segments.sync_values()?;
         if !buf.is_empty() {
             file.write_all_at(buf, at)?;
         }
