@@ -202,7 +202,8 @@ pub fn run(ctx: &Ctx, p: &Params) -> Res<(String, serde_json::Value)> {
     md.push('\n');
     let mut js = Vec::new();
     for (ei, &engine) in engines.iter().enumerate() {
-        let ops: &[(&str, fn(&Samples) -> &Vec<f64>)] = match engine {
+        type Pick = fn(&Samples) -> &Vec<f64>;
+        let ops: &[(&str, Pick)] = match engine {
             "redb" => &[("persistent savepoint", |s| &s.snapshot)],
             "sanakirja" => &[("fork_db (writable)", |s| &s.snapshot)],
             _ => &[

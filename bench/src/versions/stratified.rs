@@ -95,7 +95,7 @@ fn one<E: Forkable>(ctx: &Ctx, dir: &Path, p: &Params) -> Res<Outcome> {
             break;
         }
         // A new version.
-        let from_leaf = internal.is_empty() || rng.next_u64() % 3 == 0;
+        let from_leaf = internal.is_empty() || rng.next_u64().is_multiple_of(3);
         let src = if from_leaf {
             let i = (rng.next_u64() % leaves.len() as u64) as usize;
             let src = leaves.swap_remove(i);
