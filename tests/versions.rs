@@ -224,8 +224,17 @@ impl Run {
     /// what `versions()` said it held alone, and that no other version's space
     /// figures moved except by sharing less.
     fn drop_and_account(&mut self, name: &str, step: usize) -> Result<(), String> {
+        // Unwritten nodes count at the size they will be written at: a checkpoint
+        // changes no figure.
+        ctx(self.store().finish_drops(), "finish_drops")?;
+        let unwritten = ctx(self.store().versions(), "versions")?;
         ctx(self.store().checkpoint(), "checkpoint")?;
         let before = ctx(self.store().versions(), "versions")?;
+        if unwritten != before {
+            return Err(format!(
+                "step {step}: a checkpoint changed versions() from {unwritten:?} to {before:?}"
+            ));
+        }
         let live0 = self.live_bytes()?;
         let gone = before.iter().find(|v| v.name == name).expect("listed");
         if self.model.len() == 1 && (gone.exclusive_bytes, gone.referenced_bytes) != (live0, live0)
