@@ -326,6 +326,18 @@ fn writes_to_a_snapshot_exit_3_and_change_nothing() {
         3,
         &["s1", "snapshot"],
     );
+    // `--at`, the reads' flag, names the version to write to as well.
+    fails(
+        t.run("put", &["a", "9", "--at", "s1"]),
+        3,
+        &["s1", "snapshot", "cambium branch"],
+    );
+    fails(t.run("del", &["a", "--at", "s1"]), 3, &["s1", "snapshot"]);
+    fails(
+        t.batch(&["--at", "s1"], "put\ta\t9\n"),
+        3,
+        &["s1", "snapshot"],
+    );
     assert_eq!(t.scan_at("s1"), "a\t1\nb\t2\nc\t3\n");
     assert_eq!(t.scan_at("main"), "a\t1\nb\t2\nc\t3\n");
     // A snapshot of a snapshot is read-only too; a branch of it is writable.
@@ -337,7 +349,8 @@ fn writes_to_a_snapshot_exit_3_and_change_nothing() {
     );
     t.branch("s2", "dev");
     t.put_on("dev", "a", "9");
-    assert_eq!(t.scan_at("dev"), "a\t9\nb\t2\nc\t3\n");
+    ok(t.run("put", &["c", "8", "--at", "dev"]));
+    assert_eq!(t.scan_at("dev"), "a\t9\nb\t2\nc\t8\n");
     assert_eq!(t.scan_at("s2"), "a\t1\nb\t2\nc\t3\n");
     t.verify_clean();
 }

@@ -42,8 +42,8 @@ pub enum Command {
         key: String,
         /// The value (up to 1 GiB).
         value: String,
-        /// The branch to write to.
-        #[arg(long, short, value_name = "B", default_value = cambium::MAIN_BRANCH)]
+        /// The branch to write to (`--at` is accepted too, as for reads).
+        #[arg(long, short, alias = "at", value_name = "B", default_value = cambium::MAIN_BRANCH)]
         branch: String,
     },
     /// Print KEY's value (and a newline); exit 1 if the key is absent.
@@ -63,8 +63,8 @@ pub enum Command {
         dir: PathBuf,
         /// The key.
         key: String,
-        /// The branch to write to.
-        #[arg(long, short, value_name = "B", default_value = cambium::MAIN_BRANCH)]
+        /// The branch to write to (`--at` is accepted too, as for reads).
+        #[arg(long, short, alias = "at", value_name = "B", default_value = cambium::MAIN_BRANCH)]
         branch: String,
     },
     /// Print key/value pairs in key order, one `key<TAB>value` line each.
@@ -82,8 +82,8 @@ pub enum Command {
     Batch {
         /// The store directory.
         dir: PathBuf,
-        /// The branch to write to.
-        #[arg(long, short, value_name = "B", default_value = cambium::MAIN_BRANCH)]
+        /// The branch to write to (`--at` is accepted too, as for reads).
+        #[arg(long, short, alias = "at", value_name = "B", default_value = cambium::MAIN_BRANCH)]
         branch: String,
         /// Commit (durably) after every N operations.
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
