@@ -622,19 +622,26 @@ fn referenced(
 fn exclusive(loader: Loader<'_>, refs: &RefCounts, root: &Child) -> Result<u64> {
     let mut rc = RcDelta::default();
     let mut bytes = 0;
-    let mut stack = vec![root.clone()];
-    while let Some(child) = stack.pop() {
+    // Each child carries its parent's level, and `child_of` checks that the level
+    // drops by one per step: a damaged tree cannot make this walk loop.
+    let mut stack: Vec<(Child, Option<u8>)> = vec![(root.clone(), None)];
+    while let Some((child, parent_level)) = stack.pop() {
         let t = refs.target(&child);
         if rc.count(refs, &t) > 1 {
             rc.add(&t, -1);
             continue;
         }
-        let node = loader.resolve(&child)?;
+        let node = match parent_level {
+            None => loader.resolve(&child)?,
+            Some(level) => loader.child_of(level, &child)?,
+        };
         bytes += child
             .disk_ref()
             .map_or(node.size as u64, |r| u64::from(r.len));
         match &node.body {
-            Body::Branch(entries) => stack.extend(entries.iter().map(|e| e.child.clone())),
+            Body::Branch(entries) => {
+                stack.extend(entries.iter().map(|e| (e.child.clone(), Some(node.level))))
+            }
             Body::Leaf(entries) => {
                 for e in entries {
                     if let Value::Extent(r) = e.value {
