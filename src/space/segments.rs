@@ -253,33 +253,22 @@ impl Segments {
     /// Makes every value extent appended so far durable (the WAL calls this before it
     /// syncs records that may name them). Callers are serialised by the WAL.
     pub(crate) fn sync_values(&self) -> Result<()> {
-        let pending: Vec<SegmentId> = std::mem::take(&mut lock(&self.appender).values_unsynced)
-            .into_iter()
-            .collect();
-        for id in &pending {
-            if let Some(f) = self.file(*id) {
-                if let Err(e) = f.sync() {
-                    lock(&self.appender)
-                        .values_unsynced
-                        .extend(pending.iter().copied());
-                    return Err(e.into());
-                }
-            }
-        }
-        Ok(())
+        self.sync_set(|app| &mut app.values_unsynced)
     }
 
     /// Makes every append so far durable.
     pub(crate) fn sync(&self) -> Result<()> {
-        let pending: Vec<SegmentId> = std::mem::take(&mut lock(&self.appender).unsynced)
-            .into_iter()
-            .collect();
+        self.sync_set(|app| &mut app.unsynced)
+    }
+
+    /// Fsyncs the segments in one of the appender's pending sets, emptying it; on an
+    /// error the set is restored, so the next attempt syncs them again.
+    fn sync_set(&self, set: fn(&mut Appender) -> &mut BTreeSet<SegmentId>) -> Result<()> {
+        let pending = std::mem::take(set(&mut lock(&self.appender)));
         for id in &pending {
             if let Some(f) = self.file(*id) {
                 if let Err(e) = f.sync() {
-                    lock(&self.appender)
-                        .unsynced
-                        .extend(pending.iter().copied());
+                    set(&mut lock(&self.appender)).extend(pending.iter().copied());
                     return Err(e.into());
                 }
             }
