@@ -35,36 +35,28 @@ const KEY: usize = 16;
 const VALUE: usize = 32;
 const LOAD_TXN: u64 = 200_000;
 
+fn random_pair(rng: &mut Rng) -> ([u8; KEY], [u8; VALUE]) {
+    let (mut k, mut v) = ([0; KEY], [0; VALUE]);
+    rng.fill(&mut k);
+    rng.fill(&mut v);
+    (k, v)
+}
+
+/// One transaction on version 0 inserting `n` random pairs.
+fn insert_random<E: Forkable>(e: &mut E, n: u64, rng: &mut Rng) -> Res<()> {
+    let pairs: Vec<_> = (0..n).map(|_| random_pair(rng)).collect();
+    let ops: Vec<Op> = pairs.iter().map(|(k, v)| Op::Insert(k, v)).collect();
+    e.write(0, &ops)
+}
+
 fn load<E: Forkable>(e: &mut E, n: u64, rng: &mut Rng) -> Res<()> {
     let mut done = 0;
     while done < n {
         let m = (n - done).min(LOAD_TXN);
-        let pairs: Vec<([u8; KEY], [u8; VALUE])> = (0..m)
-            .map(|_| {
-                let (mut k, mut v) = ([0; KEY], [0; VALUE]);
-                rng.fill(&mut k);
-                rng.fill(&mut v);
-                (k, v)
-            })
-            .collect();
-        let ops: Vec<Op> = pairs.iter().map(|(k, v)| Op::Insert(k, v)).collect();
-        e.write(0, &ops)?;
+        insert_random(e, m, rng)?;
         done += m;
     }
     Ok(())
-}
-
-fn touch<E: Forkable>(e: &mut E, rng: &mut Rng) -> Res<()> {
-    let pairs: Vec<([u8; KEY], [u8; VALUE])> = (0..10)
-        .map(|_| {
-            let (mut k, mut v) = ([0; KEY], [0; VALUE]);
-            rng.fill(&mut k);
-            rng.fill(&mut v);
-            (k, v)
-        })
-        .collect();
-    let ops: Vec<Op> = pairs.iter().map(|(k, v)| Op::Insert(k, v)).collect();
-    e.write(0, &ops)
 }
 
 fn run_forkable<E: Forkable>(ctx: &Ctx, dir: &Path, n: u64, p: &Params) -> Res<Samples> {
@@ -82,7 +74,7 @@ fn run_forkable<E: Forkable>(ctx: &Ctx, dir: &Path, n: u64, p: &Params) -> Res<S
         ..Samples::default()
     };
     for i in 0..p.clones {
-        touch(&mut e, &mut rng)?;
+        insert_random(&mut e, 10, &mut rng)?;
         let (snap, br) = (2 * i + 1, 2 * i + 2);
         let t = Instant::now();
         e.snapshot(0, snap)?;
@@ -92,7 +84,7 @@ fn run_forkable<E: Forkable>(ctx: &Ctx, dir: &Path, n: u64, p: &Params) -> Res<S
         s.branch.push(us(t.elapsed()));
     }
     for i in 0..p.clones {
-        touch(&mut e, &mut rng)?;
+        insert_random(&mut e, 10, &mut rng)?;
         let t = Instant::now();
         if !e.snapshot_deferred(0, 2 * p.clones + 1 + i)? {
             break;
@@ -117,9 +109,7 @@ fn run_redb(dir: &Path, n: u64, p: &Params) -> Res<Samples> {
         {
             let mut table = txn.open_table(REDB_TABLE)?;
             for _ in 0..m {
-                let (mut k, mut v) = ([0; KEY], [0; VALUE]);
-                rng.fill(&mut k);
-                rng.fill(&mut v);
+                let (k, v) = random_pair(&mut rng);
                 table.insert(&k[..], &v[..])?;
             }
         }
@@ -135,9 +125,7 @@ fn run_redb(dir: &Path, n: u64, p: &Params) -> Res<Samples> {
         {
             let mut table = txn.open_table(REDB_TABLE)?;
             for _ in 0..10 {
-                let (mut k, mut v) = ([0; KEY], [0; VALUE]);
-                rng.fill(&mut k);
-                rng.fill(&mut v);
+                let (k, v) = random_pair(&mut rng);
                 table.insert(&k[..], &v[..])?;
             }
         }
