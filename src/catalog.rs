@@ -25,6 +25,9 @@ use crate::space::Usage;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+/// The name of the branch every store starts with.
+pub const MAIN_BRANCH: &str = "main";
+
 const META_MAGIC: u32 = u32::from_le_bytes(*b"CMET");
 const NO_PARENT: u32 = u32::MAX;
 
@@ -67,7 +70,7 @@ impl Catalog {
     pub(crate) fn initial() -> Catalog {
         let main = Version {
             id: VersionId(0),
-            name: crate::MAIN_BRANCH.into(),
+            name: MAIN_BRANCH.into(),
             kind: VersionKind::Branch,
             parent: None,
             created_unix_ms: crate::format::now_unix_ms(),

@@ -34,7 +34,7 @@ pub enum Error {
         /// The version this build understands.
         supported: u32,
     },
-    /// A key longer than [`crate::MAX_KEY_LEN`] or empty.
+    /// A key longer than `MAX_KEY_LEN` or empty.
     #[error("key of {len} bytes is invalid (keys are 1..={max} bytes)")]
     KeyTooLarge {
         /// The key's length.
@@ -42,7 +42,7 @@ pub enum Error {
         /// The largest allowed key.
         max: usize,
     },
-    /// A value longer than [`crate::MAX_VALUE_LEN`].
+    /// A value longer than `MAX_VALUE_LEN`.
     #[error("value of {len} bytes is too large (max {max})")]
     ValueTooLarge {
         /// The value's length.
@@ -56,7 +56,7 @@ pub enum Error {
     /// A version of that name exists already.
     #[error("a version named {0:?} already exists")]
     VersionExists(String),
-    /// A name that cannot name a version (see [`crate::check_version_name`]).
+    /// A name that cannot name a version (see `check_version_name`).
     #[error("invalid version name {0}")]
     InvalidVersionName(String),
     /// A write to a read-only store handle or version.

@@ -5,6 +5,10 @@
 use crate::error::{Error, Result};
 use std::fmt;
 
+/// The on-disk format version this build reads and writes (see docs/FORMAT.md's
+/// change log).
+pub const FORMAT_VERSION: u32 = 2;
+
 /// CRC-32C (Castagnoli) of `data`.
 pub(crate) fn crc(data: &[u8]) -> u32 {
     crc32c::crc32c(data)

@@ -33,6 +33,7 @@ mod checkpoint;
 mod error;
 mod format;
 pub mod io;
+mod limits;
 mod refcount;
 mod space;
 mod stats;
@@ -43,7 +44,12 @@ mod verify;
 mod versions;
 mod wal;
 
+pub use catalog::MAIN_BRANCH;
 pub use error::{Error, Result};
+pub use format::FORMAT_VERSION;
+pub use limits::{
+    check_key, check_value, prefix_successor, INLINE_VALUE_MAX, MAX_KEY_LEN, MAX_VALUE_LEN,
+};
 pub use stats::Stats;
 pub use store::{Durability, Options, Store};
 pub use txn::{Iter, Keys, ReadTxn, WriteTxn};
@@ -51,15 +57,3 @@ pub use verify::VerifyReport;
 pub use versions::{
     check_version_name, Change, Diff, VersionInfo, VersionKind, MAX_VERSION_NAME_LEN,
 };
-
-/// The on-disk format version this build reads and writes.
-pub const FORMAT_VERSION: u32 = 2;
-/// The longest key, in bytes.
-pub const MAX_KEY_LEN: usize = 2048;
-/// The longest value, in bytes (values above [`INLINE_VALUE_MAX`] live in their own extent).
-pub const MAX_VALUE_LEN: usize = 1 << 30;
-/// Values longer than this are written once into an extent of their own, out of the
-/// tree nodes and out of the WAL.
-pub const INLINE_VALUE_MAX: usize = 1024;
-/// The name of the branch every store starts with.
-pub const MAIN_BRANCH: &str = "main";

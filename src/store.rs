@@ -504,7 +504,7 @@ impl Store {
 
     /// Starts a write transaction on `main`. Blocks while another one is open.
     pub fn begin_write(&self) -> Result<WriteTxn<'_>> {
-        self.begin_write_on(crate::MAIN_BRANCH)
+        self.begin_write_on(crate::catalog::MAIN_BRANCH)
     }
 
     /// Starts a write transaction on `branch`.
@@ -514,7 +514,7 @@ impl Store {
 
     /// A consistent view of `main`'s committed state.
     pub fn read(&self) -> Result<ReadTxn> {
-        self.read_at(crate::MAIN_BRANCH)
+        self.read_at(crate::catalog::MAIN_BRANCH)
     }
 
     /// A consistent view of the named version's committed state.

@@ -17,9 +17,9 @@
 //! "wrong version" error rather than "corrupted".
 
 use crate::error::{Error, Result};
+use crate::format::FORMAT_VERSION;
 use crate::format::{crc, put_u32, put_u64, BlockRef, Decoder, Lsn};
 use crate::io::{VFile, Vfs};
-use crate::FORMAT_VERSION;
 
 pub(crate) const FILE_NAME: &str = "superblock";
 pub(crate) const MAGIC: &[u8; 8] = b"CAMBIUM\0";
@@ -226,7 +226,7 @@ mod tests {
     #[test]
     fn other_version_is_reported_as_such() {
         let mut buf = sample().encode();
-        let other = crate::FORMAT_VERSION + 1;
+        let other = FORMAT_VERSION + 1;
         buf[8..12].copy_from_slice(&other.to_le_bytes());
         assert!(matches!(Superblock::decode(&buf), Slot::OtherVersion(v) if v == other));
     }

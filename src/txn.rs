@@ -21,11 +21,11 @@ use crate::btree::{self, Loader, WriteCtx};
 use crate::catalog::{Catalog, VersionId, VersionKind};
 use crate::error::{Error, Result};
 use crate::format::{put_u32, Lsn};
+use crate::limits::{check_key, check_value, INLINE_VALUE_MAX};
 use crate::refcount::RcDelta;
 use crate::space::SpaceDelta;
 use crate::store::{Durability, Shared, ViewRegistry, WriterState};
 use crate::wal::{self, BatchOpRef};
-use crate::{INLINE_VALUE_MAX, MAX_KEY_LEN, MAX_VALUE_LEN};
 use std::ops::{Bound, RangeBounds};
 use std::sync::{Arc, MutexGuard};
 
@@ -71,16 +71,6 @@ impl Drop for View {
     fn drop(&mut self) {
         self.registry.unregister(self.lsn);
     }
-}
-
-fn check_key(key: &[u8]) -> Result<()> {
-    if key.is_empty() || key.len() > MAX_KEY_LEN {
-        return Err(Error::KeyTooLarge {
-            len: key.len(),
-            max: MAX_KEY_LEN,
-        });
-    }
-    Ok(())
 }
 
 /// An atomic batch of puts and deletes on one branch. Dropping it without `commit`
@@ -173,12 +163,7 @@ impl<'s> WriteTxn<'s> {
     /// Inserts or replaces `key`.
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
         check_key(key)?;
-        if value.len() > MAX_VALUE_LEN {
-            return Err(Error::ValueTooLarge {
-                len: value.len(),
-                max: MAX_VALUE_LEN,
-            });
-        }
+        check_value(value)?;
         self.check_usable()?;
         let stored = if value.len() > INLINE_VALUE_MAX {
             // Written once, here, into its own extent; the WAL records only the reference.
@@ -425,7 +410,7 @@ impl ReadTxn {
 
     /// Every pair whose key starts with `prefix`.
     pub fn prefix(&self, prefix: &[u8]) -> Result<Iter> {
-        let upper = match prefix_successor(prefix) {
+        let upper = match crate::limits::prefix_successor(prefix) {
             Some(end) => Bound::Excluded(end),
             None => Bound::Unbounded,
         };
@@ -461,18 +446,6 @@ impl ReadTxn {
     pub fn lsn(&self) -> u64 {
         self.view.lsn.0
     }
-}
-
-/// The smallest key greater than every key starting with `prefix`, if one exists.
-fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < u8::MAX {
-            end.push(last + 1);
-            return Some(end);
-        }
-    }
-    None
 }
 
 /// An iterator over a key range of a [`ReadTxn`], from either end.
@@ -640,17 +613,5 @@ impl Iterator for Keys {
 impl DoubleEndedIterator for Keys {
     fn next_back(&mut self) -> Option<Self::Item> {
         self.0.next_back().map(|r| r.map(|(k, _)| k))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::prefix_successor;
-
-    #[test]
-    fn prefix_successors() {
-        assert_eq!(prefix_successor(b"ab"), Some(b"ac".to_vec()));
-        assert_eq!(prefix_successor(b"a\xff"), Some(b"b".to_vec()));
-        assert_eq!(prefix_successor(b"\xff\xff"), None);
     }
 }

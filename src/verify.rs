@@ -14,12 +14,13 @@ use crate::btree::node::{Body, Child, Node, Value, BRANCH_ENTRY_MAX, LEAF_ENTRY_
 use crate::btree::Loader;
 use crate::catalog::Meta;
 use crate::error::Result;
+use crate::format::FORMAT_VERSION;
 use crate::format::{Addr, BlockRef, Lsn, SegmentId};
 use crate::space::{Segments, Usage};
+use crate::stats::Stats;
 use crate::store::Shared;
 use crate::superblock::{Slot, SuperblockFile};
 use crate::wal;
-use crate::{Stats, FORMAT_VERSION};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -386,7 +387,7 @@ pub(crate) fn stats(shared: &Shared) -> Result<Stats> {
     if let Some(main) = view
         .versions
         .iter()
-        .find(|v| &*v.name == crate::MAIN_BRANCH)
+        .find(|v| &*v.name == crate::catalog::MAIN_BRANCH)
     {
         if let Some(root) = &main.root {
             tree_stats(shared.loader(), root, &mut s)?;

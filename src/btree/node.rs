@@ -21,7 +21,7 @@
 
 use crate::error::Result;
 use crate::format::{crc, len_u16, len_u32, put_u16, put_u32, put_u8, BlockRef, Decoder};
-use crate::MAX_KEY_LEN;
+use crate::limits::{INLINE_VALUE_MAX, MAX_KEY_LEN};
 use std::sync::{Arc, OnceLock};
 
 pub(crate) const NODE_MAGIC: u32 = u32::from_le_bytes(*b"CNOD");
@@ -37,7 +37,7 @@ pub(crate) const MERGE_MAX: usize = NODE_MAX * 3 / 4;
 /// The largest branch entry: what a split may push into a parent.
 pub(crate) const BRANCH_ENTRY_MAX: usize = 2 + MAX_KEY_LEN + BlockRef::SIZE;
 /// The largest leaf entry: a maximal key with a value just at the inline limit.
-pub(crate) const LEAF_ENTRY_MAX: usize = 2 + 1 + MAX_KEY_LEN + 4 + crate::INLINE_VALUE_MAX;
+pub(crate) const LEAF_ENTRY_MAX: usize = 2 + 1 + MAX_KEY_LEN + 4 + INLINE_VALUE_MAX;
 /// Deepest tree we accept from disk; a bound on descent against corrupted pointers.
 pub(crate) const MAX_DEPTH: usize = 32;
 

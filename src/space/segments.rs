@@ -7,9 +7,9 @@
 //! relied on).
 
 use crate::error::{Error, Result};
+use crate::format::FORMAT_VERSION;
 use crate::format::{crc, put_u32, Addr, BlockRef, Decoder, SegmentId};
 use crate::io::{VFile, Vfs};
-use crate::FORMAT_VERSION;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, RwLock};
 

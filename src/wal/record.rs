@@ -126,7 +126,7 @@ pub(crate) fn decode_batch(payload: &[u8]) -> Result<(u32, Vec<BatchOp>)> {
     for _ in 0..count {
         let tag = d.u8()?;
         let key_len = usize::from(d.u16()?);
-        if key_len == 0 || key_len > crate::MAX_KEY_LEN {
+        if key_len == 0 || key_len > crate::limits::MAX_KEY_LEN {
             return Err(d.error(format!("key length {key_len} out of range")));
         }
         let key = d.bytes(key_len)?.to_vec();
