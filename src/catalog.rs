@@ -17,11 +17,12 @@
 //! ```
 
 use crate::btree::node::Child;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::format::{
     len_u16, put_u16, put_u32, put_u64, put_u8, Addr, BlockRef, Decoder, Lsn, SegmentId,
 };
 use crate::space::Usage;
+use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -35,7 +36,52 @@ const NO_PARENT: u32 = u32::MAX;
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 pub(crate) struct VersionId(pub u32);
 
-pub(crate) use crate::versions::VersionKind;
+/// Whether a version can be written.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VersionKind {
+    /// Writable.
+    Branch,
+    /// Read-only.
+    Snapshot,
+}
+
+impl std::fmt::Display for VersionKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            VersionKind::Branch => "branch",
+            VersionKind::Snapshot => "snapshot",
+        })
+    }
+}
+
+/// The longest version name, in bytes.
+pub const MAX_VERSION_NAME_LEN: usize = 255;
+
+/// Checks a new version's name: 1 to 255 bytes of ASCII letters, digits, `.`, `_`, `-`
+/// and `/`, not starting with `-` or `.` (so it is never mistaken for a flag or a
+/// path component like `..`).
+pub fn check_version_name(name: &str) -> Result<()> {
+    let bad = |why: &str| Err(Error::InvalidVersionName(format!("{name:?}: {why}")));
+    if name.is_empty() {
+        return bad("empty");
+    }
+    if name.len() > MAX_VERSION_NAME_LEN {
+        return bad("longer than 255 bytes");
+    }
+    if name.starts_with(['-', '.']) {
+        return bad("starts with '-' or '.'");
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/')))
+    {
+        return bad(&format!(
+            "character {c:?} not allowed (use letters, digits, '.', '_', '-', '/')"
+        ));
+    }
+    Ok(())
+}
 
 fn kind_code(kind: VersionKind) -> u8 {
     match kind {
@@ -86,6 +132,10 @@ impl Catalog {
 
     pub(crate) fn by_name(&self, name: &str) -> Option<&Version> {
         self.versions.iter().find(|v| &*v.name == name)
+    }
+
+    pub(crate) fn by_name_mut(&mut self, name: &str) -> Option<&mut Version> {
+        self.versions.iter_mut().find(|v| &*v.name == name)
     }
 
     pub(crate) fn by_id_mut(&mut self, id: VersionId) -> Option<&mut Version> {
@@ -230,6 +280,28 @@ impl Meta {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn names() {
+        for ok in ["main", "snap-1", "v1.2", "ci/run_7", "A"] {
+            assert!(check_version_name(ok).is_ok(), "{ok}");
+        }
+        let long = "x".repeat(256);
+        for bad in [
+            "",
+            "-x",
+            ".hidden",
+            "..",
+            "a b",
+            "tab\t",
+            "é",
+            long.as_str(),
+        ] {
+            assert!(
+                matches!(check_version_name(bad), Err(Error::InvalidVersionName(_))),
+                "{bad:?}"
+            );
+        }
+    }
 
     #[test]
     fn round_trip() {

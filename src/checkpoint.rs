@@ -23,14 +23,13 @@
 //! superblock is used and replays from the new generation.
 
 use crate::btree::node::{Body, Child, Node};
-use crate::cache::AddrMap;
 use crate::catalog::{Catalog, Meta};
+use crate::engine::{fits_pinned, lock, Durable, PendingDelete, Shared, WriterState};
 use crate::error::Result;
+use crate::format::AddrMap;
 use crate::format::{crc, len_u32, Addr, BlockRef, Lsn, SegmentId};
 use crate::space::{apply_delta, SpaceDelta};
-use crate::store::{lock, Shared, WriterState};
 use crate::superblock::{Superblock, SuperblockFile};
-use crate::txn::View;
 use crate::wal;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -66,8 +65,8 @@ pub(crate) fn run(shared: &Shared, held: Option<&mut WriterState>) -> Result<()>
         Some(w) => {
             let mut durable = lock(&shared.durable);
             let generation = durable.sb.generation + 1;
-            let frozen = freeze(shared, w, generation)?;
-            let written = write(shared, &mut durable, frozen);
+            let written = freeze(shared, w, generation)
+                .and_then(|frozen| write(shared, &mut durable, frozen));
             if let Ok(epoch) = written {
                 w.refs.merge_written(epoch);
             }
@@ -91,6 +90,17 @@ pub(crate) fn run(shared: &Shared, held: Option<&mut WriterState>) -> Result<()>
             shared.poison(&e);
             Err(e)
         }
+    }
+}
+
+/// Asks for a checkpoint: wakes the background thread, or runs one here when the
+/// store runs without one.
+pub(crate) fn request(shared: &Shared) -> Result<()> {
+    if shared.opts.background_checkpoints {
+        shared.signal(|work| work.checkpoint = true);
+        Ok(())
+    } else {
+        run(shared, None)
     }
 }
 
@@ -168,7 +178,7 @@ fn collect_dirty(catalog: &Catalog) -> Vec<Vec<Arc<Node>>> {
 }
 
 /// Writes the frozen state; returns its epoch once it is durable.
-fn write(shared: &Shared, durable: &mut crate::store::Durable, frozen: Frozen) -> Result<u64> {
+fn write(shared: &Shared, durable: &mut Durable, frozen: Frozen) -> Result<u64> {
     let mut written = SpaceDelta::default();
     for level in collect_dirty(&frozen.catalog) {
         write_level(shared, &level, &mut written)?;
@@ -208,7 +218,7 @@ fn write(shared: &Shared, durable: &mut crate::store::Durable, frozen: Frozen) -
     durable.fallback = Some(previous);
     durable.usage = meta.usage;
     shared.wal.checkpoint_done();
-    remove_stale_wal(shared, previous.wal_gen)?;
+    wal::remove_below(&*shared.vfs, previous.wal_gen)?;
     queue_empty_segments(shared, durable, frozen.lsn, frozen.first_unsafe_segment)?;
     Ok(frozen.epoch)
 }
@@ -260,43 +270,11 @@ fn flush_chunk(
     Ok(())
 }
 
-/// Deletes WAL generations older than `first_live`, keeping one as the spare the next
-/// generation reuses.
-pub(crate) fn remove_stale_wal(shared: &Shared, first_live: u64) -> Result<()> {
-    let mut removed = false;
-    let mut have_spare = shared.vfs.exists(wal::SPARE_FILE)?;
-    for name in shared.vfs.list()? {
-        if wal::parse_file_name(&name).is_some_and(|g| g < first_live) {
-            if have_spare {
-                shared.vfs.remove(&name)?;
-            } else {
-                shared.vfs.rename(&name, wal::SPARE_FILE)?;
-                have_spare = true;
-            }
-            removed = true;
-        }
-    }
-    if removed {
-        shared.vfs.sync_dir()?;
-    }
-    Ok(())
-}
-
-/// A segment a durable checkpoint emptied, waiting until nothing can reach it.
-pub(crate) struct PendingDelete {
-    segment: SegmentId,
-    /// Views at an LSN below this may still reach the segment.
-    lsn: Lsn,
-    /// The superblock generation that emptied it: the fallback superblock may reach it
-    /// until a later generation is durable.
-    generation: u64,
-}
-
 /// Queues every segment that the durable usage table says is empty, and that no
 /// post-freeze write can be using, for deletion.
 fn queue_empty_segments(
     shared: &Shared,
-    durable: &crate::store::Durable,
+    durable: &Durable,
     lsn: Lsn,
     first_unsafe: SegmentId,
 ) -> Result<()> {
@@ -353,8 +331,7 @@ pub(crate) fn delete_unreachable_segments(shared: &Shared) {
 /// stays within what the cache would have used anyway.
 fn unpin_written_roots(shared: &Shared, epoch: u64) {
     let live: u64 = lock(&shared.durable).usage.values().sum();
-    // Decoded nodes take several times their packed on-disk size: leave room.
-    let fits = live.saturating_mul(8) < shared.cache.capacity();
+    let fits = fits_pinned(live, shared.cache.capacity());
     shared
         .keep_pinned
         .store(fits, std::sync::atomic::Ordering::Relaxed);
@@ -382,12 +359,5 @@ fn unpin_written_roots(shared: &Shared, epoch: u64) {
     if !changed {
         return;
     }
-    let published = shared.published();
-    if published.lsn == w.last_lsn {
-        let view = Arc::new(View::new(w.last_lsn, &w.catalog, shared.views.clone()));
-        *shared
-            .published
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = view;
-    }
+    shared.republish(shared.view_of(w));
 }

@@ -3,7 +3,9 @@
 //! that turns short or malformed input into `Error::Corrupted`, never a panic.
 
 use crate::error::{Error, Result};
+use std::collections::HashMap;
 use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
 
 /// The on-disk format version this build reads and writes (see docs/FORMAT.md's
 /// change log).
@@ -188,6 +190,31 @@ impl<'a> Decoder<'a> {
     /// A corruption error about this structure.
     pub(crate) fn error(&self, detail: impl Into<String>) -> Error {
         Error::corrupted(self.what, detail)
+    }
+}
+
+/// Addresses are already well-spread integers: one multiply is hash enough, and
+/// several times cheaper than SipHash on the read path.
+#[derive(Default)]
+pub(crate) struct AddrHasher(u64);
+
+/// A hash map keyed by addresses (or other well-spread integers).
+pub(crate) type AddrMap<K, V> = HashMap<K, V, BuildHasherDefault<AddrHasher>>;
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (n ^ (n >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
     }
 }
 

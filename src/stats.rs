@@ -1,7 +1,15 @@
 //! `Store::stats`: sizes, node counts, depth, segments, live and dead bytes, cache
 //! hit rate and WAL size, as one plain struct (serialisable for `--json`).
 
+use crate::btree::node::{Body, Child, Node, Value};
+use crate::btree::Loader;
+use crate::catalog::MAIN_BRANCH;
+use crate::engine::{lock, Shared};
+use crate::error::Result;
+use crate::format::FORMAT_VERSION;
+use crate::wal;
 use serde::Serialize;
+use std::sync::Arc;
 
 /// A point-in-time summary of a store.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -57,4 +65,73 @@ pub struct Stats {
     pub cache_misses: u64,
     /// hits / (hits + misses), 0 when there were no lookups.
     pub cache_hit_rate: f64,
+}
+
+pub(crate) fn collect(shared: &Shared) -> Result<Stats> {
+    let view = shared.published();
+    let (shared_blocks, drop_pending) = {
+        let w = shared.lock_writer();
+        (w.refs.shared_blocks() as u64, w.drop_queue.len() as u64)
+    };
+    let (generation, checkpoint_lsn, usage) = {
+        let d = lock(&shared.durable);
+        (d.sb.generation, d.sb.checkpoint_lsn, d.usage.clone())
+    };
+    let mut s = Stats {
+        format_version: FORMAT_VERSION,
+        generation,
+        checkpoint_lsn: checkpoint_lsn.0,
+        last_lsn: view.lsn.0,
+        versions: view.versions.len() as u64,
+        shared_blocks,
+        drop_pending_nodes: drop_pending,
+        ..Stats::default()
+    };
+    if let Some(main) = view.versions.iter().find(|v| &*v.name == MAIN_BRANCH) {
+        if let Some(root) = &main.root {
+            tree_stats(shared.loader(), root, &mut s)?;
+        }
+    }
+    let sizes = shared.segments.sizes()?;
+    s.segments = sizes.len() as u64;
+    s.segment_bytes = sizes.iter().map(|(_, n)| n).sum();
+    s.live_bytes = usage.values().sum();
+    s.dead_bytes = s.segment_bytes.saturating_sub(s.live_bytes);
+    s.wal_files = wal::generations(&*shared.vfs, 0)?.len() as u64;
+    s.wal_bytes = shared.wal.bytes_since_checkpoint();
+    s.cache_capacity_bytes = shared.cache.capacity();
+    s.cache_bytes = shared.cache.bytes();
+    s.cache_hits = shared.cache.hits();
+    s.cache_misses = shared.cache.misses();
+    let lookups = s.cache_hits + s.cache_misses;
+    #[expect(clippy::cast_precision_loss, reason = "a ratio for people")]
+    if lookups > 0 {
+        s.cache_hit_rate = s.cache_hits as f64 / lookups as f64;
+    }
+    Ok(s)
+}
+
+fn tree_stats(loader: Loader<'_>, root: &Child, s: &mut Stats) -> Result<()> {
+    let mut visit = |_: &Child, node: &Arc<Node>| -> Result<bool> {
+        if node.is_dirty() {
+            s.dirty_nodes += 1;
+        }
+        s.depth = s.depth.max(u32::from(node.level) + 1);
+        match &node.body {
+            Body::Leaf(entries) => {
+                s.leaf_nodes += 1;
+                s.keys += entries.len() as u64;
+                for e in entries {
+                    if let Value::Extent(x) = e.value {
+                        s.extents += 1;
+                        s.extent_bytes += u64::from(x.len);
+                    }
+                }
+            }
+            Body::Branch(_) => s.branch_nodes += 1,
+        }
+        Ok(true)
+    };
+    crate::btree::walk(loader, root, &mut visit)?;
+    Ok(())
 }

@@ -16,62 +16,22 @@
 //! fails the whole transaction: `commit` then refuses and nothing of it is applied.
 
 use crate::btree::cursor::{Cursor, Seek};
-use crate::btree::node::{Child, Key, Node, Value};
-use crate::btree::{self, Loader, WriteCtx};
-use crate::catalog::{Catalog, VersionId, VersionKind};
+use crate::btree::node::{Child, Key};
+use crate::btree::{self, Loader};
+use crate::catalog::{VersionId, VersionKind};
+use crate::checkpoint;
+use crate::commit::{self, log_and_publish};
+use crate::engine::{apply_op, Changes, Shared, View, WriterState};
 use crate::error::{Error, Result};
-use crate::format::{put_u32, Lsn};
-use crate::limits::{check_key, check_value, INLINE_VALUE_MAX};
-use crate::refcount::RcDelta;
-use crate::space::SpaceDelta;
-use crate::store::{Durability, Shared, ViewRegistry, WriterState};
-use crate::wal::{self, BatchOpRef};
+use crate::limits::{check_key, check_value, prefix_successor, INLINE_VALUE_MAX};
+use crate::options::Durability;
+use crate::wal::{BatchWriter, Op};
 use std::ops::{Bound, RangeBounds};
 use std::sync::{Arc, MutexGuard};
 
 /// A transaction whose logged operations pass this size commits by checkpoint
 /// instead of through the WAL: its data is written once, into nodes, not twice.
 pub(crate) const LARGE_TXN_BYTES: usize = 16 << 20;
-
-/// One version as a view sees it.
-#[derive(Clone)]
-pub(crate) struct ViewVersion {
-    pub name: Arc<str>,
-    pub root: Option<Child>,
-}
-
-/// An immutable set of committed roots. Registered by LSN while alive, so that
-/// segments it can reach are not deleted under it.
-pub(crate) struct View {
-    pub lsn: Lsn,
-    pub versions: Vec<ViewVersion>,
-    registry: Arc<ViewRegistry>,
-}
-
-impl View {
-    pub(crate) fn new(lsn: Lsn, catalog: &Catalog, registry: Arc<ViewRegistry>) -> View {
-        registry.register(lsn);
-        let versions = catalog
-            .versions
-            .iter()
-            .map(|v| ViewVersion {
-                name: v.name.clone(),
-                root: v.root.clone(),
-            })
-            .collect();
-        View {
-            lsn,
-            versions,
-            registry,
-        }
-    }
-}
-
-impl Drop for View {
-    fn drop(&mut self) {
-        self.registry.unregister(self.lsn);
-    }
-}
 
 /// An atomic batch of puts and deletes on one branch. Dropping it without `commit`
 /// aborts it. One write transaction is open per store at a time.
@@ -85,14 +45,11 @@ pub struct WriteTxn<'s> {
     /// also keeps every node it reaches shared, so `shadow` copies rather than edits
     /// them in place.
     base: Option<Child>,
-    delta: SpaceDelta,
-    rc: RcDelta,
-    superseded: Vec<Arc<Node>>,
-    dirtied_bytes: u64,
-    /// The WAL payload: `branch u32 | count u32 | ops`, dropped once `large`.
-    payload: Vec<u8>,
+    /// Space, reference-count and dirty-node changes, folded in on commit.
+    changes: Changes,
+    /// The WAL record under construction; `None` once the transaction is large.
+    batch: Option<BatchWriter>,
     ops: u32,
-    large: bool,
     durability: Durability,
     failed: Option<String>,
 }
@@ -108,39 +65,26 @@ impl std::fmt::Debug for WriteTxn<'_> {
 
 impl<'s> WriteTxn<'s> {
     pub(crate) fn begin(shared: &'s Shared, branch: &str) -> Result<WriteTxn<'s>> {
-        shared.check_writable()?;
-        let mut guard = shared.lock_writer();
-        shared.check_writable()?;
+        let mut guard = shared.lock_writer_checked()?;
         let version = guard
             .catalog
-            .by_name(branch)
+            .by_name_mut(branch)
             .ok_or_else(|| Error::VersionNotFound(branch.to_owned()))?;
         if version.kind != VersionKind::Branch {
             return Err(Error::ReadOnly(format!("{branch:?} is a snapshot")));
         }
         let id = version.id;
-        let base = guard
-            .catalog
-            .by_id_mut(id)
-            .expect("found above")
-            .root
-            .take();
-        let mut payload = Vec::new();
-        put_u32(&mut payload, id.0);
-        put_u32(&mut payload, 0);
+        // Moved out, so the catalog does not hold a second reference to the root.
+        let base = version.root.take();
         Ok(WriteTxn {
             shared,
             guard: Some(guard),
             version: id,
             root: base.clone(),
             base,
-            delta: SpaceDelta::default(),
-            rc: RcDelta::default(),
-            superseded: Vec::new(),
-            dirtied_bytes: 0,
-            payload,
+            changes: Changes::default(),
+            batch: Some(BatchWriter::new(id.0)),
             ops: 0,
-            large: false,
             durability: Durability::Immediate,
             failed: None,
         })
@@ -165,24 +109,19 @@ impl<'s> WriteTxn<'s> {
         check_key(key)?;
         check_value(value)?;
         self.check_usable()?;
-        let stored = if value.len() > INLINE_VALUE_MAX {
+        let op = if value.len() > INLINE_VALUE_MAX {
             // Written once, here, into its own extent; the WAL records only the reference.
-            let r = self
+            let extent = self
                 .shared
                 .segments
                 .append_value(value)
                 .inspect_err(|e| self.fail(e))?;
-            self.delta.alloc(r);
-            Value::Extent(r)
+            Op::PutExtent { key, extent }
         } else {
-            Value::Inline(value.into())
+            Op::Put { key, value }
         };
-        let log = match &stored {
-            Value::Inline(_) => BatchOpRef::Put { key, value },
-            Value::Extent(r) => BatchOpRef::PutExtent { key, extent: *r },
-        };
-        self.apply(|root, ctx| btree::insert(root, key, stored, ctx))?;
-        self.log(&log);
+        self.apply(&op)?;
+        self.log(&op);
         Ok(())
     }
 
@@ -190,9 +129,10 @@ impl<'s> WriteTxn<'s> {
     pub fn delete(&mut self, key: &[u8]) -> Result<bool> {
         check_key(key)?;
         self.check_usable()?;
-        let existed = self.apply(|root, ctx| btree::delete(root, key, ctx))?;
+        let op = Op::Delete { key };
+        let existed = self.apply(&op)?;
         if existed {
-            self.log(&BatchOpRef::Delete { key });
+            self.log(&op);
         }
         Ok(existed)
     }
@@ -203,41 +143,21 @@ impl<'s> WriteTxn<'s> {
         btree::get_with(loader, self.root.as_ref(), key, |v| loader.value(v))
     }
 
-    /// Runs a tree edit; frees the extent of any value it replaced or removed.
-    /// Returns whether a value was replaced or removed.
-    fn apply(
-        &mut self,
-        edit: impl FnOnce(&mut Option<Child>, &mut WriteCtx<'_>) -> Result<Option<Value>>,
-    ) -> Result<bool> {
+    /// Applies `op` to the working root. Returns whether a value was replaced or
+    /// removed. A failure fails the whole transaction.
+    fn apply(&mut self, op: &Op<'_>) -> Result<bool> {
         let w = self
             .guard
-            .as_ref()
-            .expect("open transaction holds the writer lock");
-        let mut ctx = WriteCtx {
-            loader: self.shared.loader(),
-            epoch: w.epoch,
-            delta: &mut self.delta,
-            superseded: &mut self.superseded,
-            dirtied_bytes: &mut self.dirtied_bytes,
-            keep_pinned: self
-                .shared
-                .keep_pinned
-                .load(std::sync::atomic::Ordering::Relaxed),
-            refs: &w.refs,
-            rc: &mut self.rc,
-        };
-        match edit(&mut self.root, &mut ctx) {
-            Ok(old) => {
-                if let Some(old) = &old {
-                    ctx.release_value(old);
-                }
-                Ok(old.is_some())
-            }
-            Err(e) => {
-                self.fail(&e);
-                Err(e)
-            }
+            .as_deref()
+            .expect("an open transaction holds the writer lock");
+        let mut ctx = self
+            .changes
+            .ctx(w, self.shared.loader(), self.shared.keep_pinned());
+        let result = apply_op(&mut self.root, op, &mut ctx);
+        if let Err(e) = &result {
+            self.fail(e);
         }
+        result
     }
 
     fn fail(&mut self, e: &Error) {
@@ -246,30 +166,14 @@ impl<'s> WriteTxn<'s> {
         }
     }
 
-    fn log(&mut self, op: &BatchOpRef<'_>) {
+    fn log(&mut self, op: &Op<'_>) {
         self.ops += 1;
-        if self.large {
-            return;
+        if let Some(batch) = &mut self.batch {
+            batch.push(op);
+            if batch.payload_len() > LARGE_TXN_BYTES {
+                self.batch = None;
+            }
         }
-        wal::encode_op(&mut self.payload, op);
-        if self.payload.len() > LARGE_TXN_BYTES {
-            self.large = true;
-            self.payload = Vec::new();
-        }
-    }
-
-    /// Moves the transaction's root and bookkeeping into the writer state.
-    fn install(&mut self, w: &mut WriterState, lsn: Lsn) {
-        w.catalog
-            .by_id_mut(self.version)
-            .expect("version of an open transaction")
-            .root = self.root.take();
-        self.base = None;
-        w.delta.merge(std::mem::take(&mut self.delta));
-        w.refs.apply(std::mem::take(&mut self.rc));
-        w.superseded.append(&mut self.superseded);
-        w.dirty_bytes += self.dirtied_bytes;
-        w.last_lsn = lsn;
     }
 
     /// Commits: atomic, and durable on return under [`Durability::Immediate`].
@@ -279,63 +183,45 @@ impl<'s> WriteTxn<'s> {
         let mut guard = self
             .guard
             .take()
-            .expect("open transaction holds the writer lock");
+            .expect("an open transaction holds the writer lock");
+        // The committed root goes back first: if the commit fails before it installs
+        // the new one, the branch is as it was.
+        let version = self.version;
+        set_root(&mut guard, version, self.base.take());
+        let root = self.root.take();
+        let changes = std::mem::take(&mut self.changes);
+        let install = move |w: &mut WriterState| {
+            set_root(w, version, root);
+            changes.merge_into(w);
+        };
         if self.ops == 0 {
-            guard
-                .catalog
-                .by_id_mut(self.version)
-                .expect("open version")
-                .root = self.base.take();
             // Nothing to log, but an Immediate commit still promises that everything
             // committed before it is durable (earlier Deferred commits included).
             let last = guard.last_lsn;
             drop(guard);
             if self.durability == Durability::Immediate {
-                shared
-                    .wal
-                    .sync_to(last, &shared.segments)
-                    .inspect_err(|e| shared.poison(e))?;
+                commit::sync_to(shared, last)?;
             }
             return Ok(());
         }
-        let lsn = guard.last_lsn.next();
-        if self.large {
-            self.install(&mut guard, lsn);
-            crate::checkpoint::run(shared, Some(&mut guard))?;
-            shared.publish(Arc::new(View::new(
-                lsn,
-                &guard.catalog,
-                shared.views.clone(),
-            )));
-            return Ok(());
-        }
-        let count = self.ops.to_le_bytes();
-        self.payload[4..8].copy_from_slice(&count);
-        if let Err(e) = shared.wal.append(lsn, wal::KIND_BATCH, &self.payload) {
-            guard
-                .catalog
-                .by_id_mut(self.version)
-                .expect("open version")
-                .root = self.base.take();
-            return Err(e);
-        }
-        self.install(&mut guard, lsn);
-        let view = Arc::new(View::new(lsn, &guard.catalog, shared.views.clone()));
-        let due = shared.checkpoint_due(guard.dirty_bytes);
-        drop(guard);
-        if self.durability == Durability::Immediate {
-            if let Err(e) = shared.wal.sync_to(lsn, &shared.segments) {
-                shared.poison(&e);
-                return Err(e);
+        match &self.batch {
+            Some(batch) => {
+                log_and_publish(shared, guard, &batch.record(), self.durability, |w, _| {
+                    install(w);
+                    Ok(())
+                })
+            }
+            None => {
+                // Large: no WAL record; a checkpoint under the writer lock makes it
+                // durable, so no later commit is logged on top of a state the log
+                // does not contain.
+                install(&mut guard);
+                guard.last_lsn = guard.last_lsn.next();
+                checkpoint::run(shared, Some(&mut guard))?;
+                shared.publish(shared.view_of(&guard));
+                Ok(())
             }
         }
-        shared.publish(view);
-        if due {
-            // The commit is durable whatever happens here; a failed checkpoint poisons
-            // the store and shows on the next write.
-            let _ = shared.request_checkpoint();
-        }
-        Ok(())
     }
 
     /// Discards the transaction.
@@ -347,12 +233,15 @@ impl Drop for WriteTxn<'_> {
         if let Some(mut guard) = self.guard.take() {
             // Aborted: put the branch's committed root back. Extents this transaction
             // wrote stay unreferenced, dead bytes in their segment.
-            guard
-                .catalog
-                .by_id_mut(self.version)
-                .expect("open version")
-                .root = self.base.take();
+            set_root(&mut guard, self.version, self.base.take());
         }
+    }
+}
+
+/// Sets the root of branch `id`, which an open transaction keeps in the catalog.
+fn set_root(w: &mut WriterState, id: VersionId, root: Option<Child>) {
+    if let Some(v) = w.catalog.by_id_mut(id) {
+        v.root = root;
     }
 }
 
@@ -377,12 +266,10 @@ type Pair = (Vec<u8>, Vec<u8>);
 
 impl ReadTxn {
     pub(crate) fn new(shared: Arc<Shared>, view: Arc<View>, version: &str) -> Result<ReadTxn> {
-        let v = view
-            .versions
-            .iter()
-            .find(|v| &*v.name == version)
-            .ok_or_else(|| Error::VersionNotFound(version.to_owned()))?;
-        let root = v.root.clone();
+        let root = view
+            .root(version)
+            .ok_or_else(|| Error::VersionNotFound(version.to_owned()))?
+            .clone();
         Ok(ReadTxn { shared, view, root })
     }
 
@@ -410,7 +297,7 @@ impl ReadTxn {
 
     /// Every pair whose key starts with `prefix`.
     pub fn prefix(&self, prefix: &[u8]) -> Result<Iter> {
-        let upper = match crate::limits::prefix_successor(prefix) {
+        let upper = match prefix_successor(prefix) {
             Some(end) => Bound::Excluded(end),
             None => Bound::Unbounded,
         };

@@ -11,19 +11,17 @@
 //! first one unless the structure to walk is gone.
 
 use crate::btree::node::{Body, Child, Node, Value, BRANCH_ENTRY_MAX, LEAF_ENTRY_MAX, NODE_MAX};
-use crate::btree::Loader;
 use crate::catalog::Meta;
+use crate::engine::Shared;
 use crate::error::Result;
 use crate::format::FORMAT_VERSION;
 use crate::format::{Addr, BlockRef, Lsn, SegmentId};
+use crate::io::Vfs;
 use crate::space::{Segments, Usage};
-use crate::stats::Stats;
-use crate::store::Shared;
 use crate::superblock::{Slot, SuperblockFile};
-use crate::wal;
+use crate::wal::{self, Generations, Record};
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 /// What `verify` found.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -300,143 +298,35 @@ fn check_tables(walker: &mut Walker<'_>, meta: &Meta, segments: &Segments) -> Re
     Ok(())
 }
 
+/// Checks every WAL record past the checkpoint: framing, checksum, LSN continuity
+/// across generations, and payload structure.
 fn check_wal(
     walker: &mut Walker<'_>,
-    vfs: &dyn crate::io::Vfs,
+    vfs: &dyn Vfs,
     first_gen: u64,
     checkpoint_lsn: Lsn,
 ) -> Result<()> {
-    let mut gens: Vec<u64> = vfs
-        .list()?
-        .iter()
-        .filter_map(|n| wal::parse_file_name(n))
-        .filter(|&g| g >= first_gen)
-        .collect();
-    gens.sort_unstable();
-    let mut last = checkpoint_lsn;
-    for gen in gens {
-        let file = vfs.open(&wal::file_name(gen))?;
-        let log = match wal::read_log(&*file, gen, last.next()) {
-            Ok(log) => log,
+    for generation in Generations::read(vfs, first_gen, checkpoint_lsn)? {
+        let generation = match generation {
+            Ok(g) => g,
             Err(e) => {
-                walker.problem(format!("{}: {e}", wal::file_name(gen)));
+                walker.problem(e.to_string());
                 continue;
             }
         };
-        walker.report.wal_torn_tail |= log.torn_tail;
-        for (lsn, kind, payload) in &log.records {
-            if *lsn <= last {
-                continue;
-            }
-            if *lsn != last.next() {
-                walker.problem(format!(
-                    "{}: LSN {} follows {} (records lost)",
-                    wal::file_name(gen),
-                    lsn.0,
-                    last.0
-                ));
-            }
-            last = *lsn;
+        walker.report.wal_torn_tail |= generation.torn_tail;
+        for logged in &generation.records {
             walker.report.wal_records += 1;
-            if *kind == wal::KIND_CHECKPOINT_COMMIT {
-                walker.problem(format!(
-                    "{}: LSN {} was committed by a newer checkpoint than the superblock in use",
-                    wal::file_name(gen),
-                    lsn.0
-                ));
-            } else if *kind == wal::KIND_BATCH {
-                if let Err(e) = wal::decode_batch(payload) {
-                    walker.problem(format!("{}: LSN {}: {e}", wal::file_name(gen), lsn.0));
-                }
-            } else if *kind == wal::KIND_VERSION {
-                if let Err(e) = wal::VersionOp::decode(payload) {
-                    walker.problem(format!("{}: LSN {}: {e}", wal::file_name(gen), lsn.0));
-                }
-            } else {
-                walker.problem(format!(
-                    "{}: unknown record kind {kind} at LSN {}",
-                    wal::file_name(gen),
-                    lsn.0
-                ));
+            let name = wal::file_name(generation.gen);
+            match logged.record() {
+                Ok(Record::CheckpointCommit { .. }) => walker.problem(format!(
+                    "{name}: LSN {} was committed by a newer checkpoint than the superblock in use",
+                    logged.lsn.0
+                )),
+                Ok(_) => {}
+                Err(e) => walker.problem(format!("{name}: {e}")),
             }
         }
     }
-    Ok(())
-}
-
-pub(crate) fn stats(shared: &Shared) -> Result<Stats> {
-    let view = shared.published();
-    let (shared_blocks, drop_pending) = {
-        let w = shared.lock_writer();
-        (w.refs.shared_blocks() as u64, w.drop_queue.len() as u64)
-    };
-    let (generation, checkpoint_lsn, usage) = {
-        let d = crate::store::lock(&shared.durable);
-        (d.sb.generation, d.sb.checkpoint_lsn, d.usage.clone())
-    };
-    let mut s = Stats {
-        format_version: FORMAT_VERSION,
-        generation,
-        checkpoint_lsn: checkpoint_lsn.0,
-        last_lsn: view.lsn.0,
-        versions: view.versions.len() as u64,
-        shared_blocks,
-        drop_pending_nodes: drop_pending,
-        ..Stats::default()
-    };
-    if let Some(main) = view
-        .versions
-        .iter()
-        .find(|v| &*v.name == crate::catalog::MAIN_BRANCH)
-    {
-        if let Some(root) = &main.root {
-            tree_stats(shared.loader(), root, &mut s)?;
-        }
-    }
-    let sizes = shared.segments.sizes()?;
-    s.segments = sizes.len() as u64;
-    s.segment_bytes = sizes.iter().map(|(_, n)| n).sum();
-    s.live_bytes = usage.values().sum();
-    s.dead_bytes = s.segment_bytes.saturating_sub(s.live_bytes);
-    for name in shared.vfs.list()? {
-        if wal::parse_file_name(&name).is_some() {
-            s.wal_files += 1;
-        }
-    }
-    s.wal_bytes = shared.wal.bytes_since_checkpoint();
-    s.cache_capacity_bytes = shared.cache.capacity();
-    s.cache_bytes = shared.cache.bytes();
-    s.cache_hits = shared.cache.hits();
-    s.cache_misses = shared.cache.misses();
-    let lookups = s.cache_hits + s.cache_misses;
-    #[expect(clippy::cast_precision_loss, reason = "a ratio for people")]
-    if lookups > 0 {
-        s.cache_hit_rate = s.cache_hits as f64 / lookups as f64;
-    }
-    Ok(s)
-}
-
-fn tree_stats(loader: Loader<'_>, root: &Child, s: &mut Stats) -> Result<()> {
-    let mut visit = |_: &Child, node: &Arc<Node>| -> Result<bool> {
-        if node.is_dirty() {
-            s.dirty_nodes += 1;
-        }
-        s.depth = s.depth.max(u32::from(node.level) + 1);
-        match &node.body {
-            Body::Leaf(entries) => {
-                s.leaf_nodes += 1;
-                s.keys += entries.len() as u64;
-                for e in entries {
-                    if let Value::Extent(x) = e.value {
-                        s.extents += 1;
-                        s.extent_bytes += u64::from(x.len);
-                    }
-                }
-            }
-            Body::Branch(_) => s.branch_nodes += 1,
-        }
-        Ok(true)
-    };
-    crate::btree::walk(loader, root, &mut visit)?;
     Ok(())
 }

@@ -12,14 +12,16 @@
 //!   entry a split may add after the proactive check (node sizes are soft limits:
 //!   nodes are written packed, never into fixed pages).
 
+pub(crate) mod cache;
 pub(crate) mod cursor;
 pub(crate) mod diff;
 pub(crate) mod node;
+pub(crate) mod refcount;
 mod write;
 
 pub(crate) use write::{delete, insert, WriteCtx};
 
-use crate::cache::PageCache;
+use crate::btree::cache::PageCache;
 use crate::error::{Error, Result};
 use crate::format::BlockRef;
 use crate::space::Segments;

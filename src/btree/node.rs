@@ -241,7 +241,7 @@ impl Node {
     ///
     /// A child is named by address only if its reference count is in the table by
     /// that address, i.e. it was made dirty in an epoch up to `merged_through` (see
-    /// `crate::refcount`).
+    /// `crate::btree::refcount`).
     pub(crate) fn dirty_copy(&self, epoch: u64, keep_pinned: bool, merged_through: u64) -> Node {
         let body = match &self.body {
             Body::Leaf(entries) => Body::Leaf(entries.clone()),

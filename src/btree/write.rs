@@ -3,7 +3,7 @@
 //!
 //! Shadowing (Rodeh §4, mark-dirty §5.3) decides, for the node a writer is about to
 //! change, whether it may be edited in place. First, sharing between versions: a node
-//! whose reference count is above one (see `crate::refcount`) is copied; the copy is
+//! whose reference count is above one (see `crate::btree::refcount`) is copied; the copy is
 //! a new parent of every child (each child's count goes up by one) and the original
 //! loses one parent. Otherwise the node belongs to this tree alone, and:
 //! - dirty in the writer's epoch and referenced only by the writer's tree: in place;
@@ -21,9 +21,9 @@ use super::node::{
     Value, MERGE_MAX, NODE_MAX, NODE_MIN,
 };
 use super::{child_index, Loader};
+use crate::btree::refcount::{RcDelta, RefCounts, Target};
 use crate::error::Result;
 use crate::format::BlockRef;
-use crate::refcount::{RcDelta, RefCounts, Target};
 use crate::space::SpaceDelta;
 use std::sync::Arc;
 
@@ -201,7 +201,7 @@ fn shadow_child<'c>(
 ) -> Result<&'c mut Node> {
     let child = shadow(slot, ctx)?;
     if child.level + 1 != parent_level {
-        return Err(crate::Error::corrupted(
+        return Err(crate::error::Error::corrupted(
             "node",
             "child level does not match its parent",
         ));

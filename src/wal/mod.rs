@@ -22,50 +22,24 @@
 //! waiter with no sync in flight becomes the leader, writes the whole buffer and
 //! fsyncs once for everybody.
 
+mod files;
+mod payload;
 mod record;
 
-pub(crate) use record::{
-    decode_batch, encode_op, read_log, BatchOp, BatchOpRef, RecordHeader, VersionOp,
-};
+pub(crate) use files::{file_name, generations, remove_below, Generations, SPARE_FILE};
+pub(crate) use payload::{BatchWriter, Op, Record, VersionOp};
 
 use crate::error::{Error, Result};
 use crate::format::Lsn;
 use crate::io::{VFile, Vfs};
 use crate::space::Segments;
+use record::RecordHeader;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-pub(crate) const KIND_BATCH: u8 = 1;
-/// Marks the LSN of a transaction that committed by a checkpoint of its own (it has
-/// no batch record). Payload: the superblock generation that holds it (u64). Recovery
-/// from an older superblock that reaches this record cannot rebuild the transaction,
-/// and says so instead of silently dropping it.
-pub(crate) const KIND_CHECKPOINT_COMMIT: u8 = 2;
-/// A catalog change: a version made (snapshot or branch) or dropped. Payload:
-/// [`VersionOp`].
-pub(crate) const KIND_VERSION: u8 = 3;
-
-/// A log file kept after a checkpoint for the next generation to reuse: overwriting
-/// blocks a file already owns lets `fdatasync` skip the metadata journal, which on
-/// this class of machine is the difference between ~0.15 ms and several ms per commit.
-/// Its old records carry another generation's salt, so they can never validate.
-pub(crate) const SPARE_FILE: &str = "wal-spare.log";
-
 /// A new log file (when no spare exists) is filled with this many zero bytes first,
-/// for the same reason. Zeros read as the end of the log (a record is at least a
-/// batch header long).
+/// so that commits overwrite blocks the file already owns (see [`SPARE_FILE`]). Zeros
+/// read as the end of the log (a record is at least a batch header long).
 const PREALLOC_BYTES: usize = 4 << 20;
-
-pub(crate) fn file_name(gen: u64) -> String {
-    format!("wal-{gen:016x}.log")
-}
-
-pub(crate) fn parse_file_name(name: &str) -> Option<u64> {
-    let hex = name.strip_prefix("wal-")?.strip_suffix(".log")?;
-    if hex.len() != 16 {
-        return None;
-    }
-    u64::from_str_radix(hex, 16).ok()
-}
 
 struct State {
     gen: u64,
@@ -135,7 +109,7 @@ impl Wal {
 
     /// Appends a record to the buffer. The caller holds the writer lock, so LSNs are
     /// appended in order.
-    pub(crate) fn append(&self, lsn: Lsn, kind: u8, payload: &[u8]) -> Result<()> {
+    pub(crate) fn append(&self, lsn: Lsn, rec: &Record<'_>) -> Result<()> {
         let mut st = self.lock();
         if let Some(why) = &st.failed {
             return Err(Error::Poisoned(why.clone()));
@@ -150,9 +124,9 @@ impl Wal {
         let header = RecordHeader {
             lsn,
             synced_lsn: st.synced_lsn,
-            kind,
+            kind: rec.kind(),
         };
-        record::encode(&mut st.buf, gen, header, payload);
+        record::encode(&mut st.buf, gen, header, &rec.payload());
         let added = (st.buf.len() - before) as u64;
         st.bytes_since_checkpoint += added;
         st.gen_bytes += added;
@@ -164,7 +138,7 @@ impl Wal {
     /// `generation` (it has no batch record). Called at that checkpoint's freeze, after
     /// the rotation, so the marker opens the new generation.
     pub(crate) fn append_checkpoint_commit(&self, lsn: Lsn, generation: u64) -> Result<()> {
-        self.append(lsn, KIND_CHECKPOINT_COMMIT, &generation.to_le_bytes())
+        self.append(lsn, &Record::CheckpointCommit { generation })
     }
 
     /// Returns once every record up to `lsn` is durable. Segment appends are synced

@@ -11,33 +11,8 @@
 
 use crate::btree::node::Node;
 use crate::format::Addr;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use crate::format::AddrMap;
 
-/// Addresses are already well-spread integers: one multiply is hash enough, and
-/// several times cheaper than SipHash on the read path.
-#[derive(Default)]
-pub(crate) struct AddrHasher(u64);
-
-/// A hash map keyed by addresses (or other well-spread integers).
-pub(crate) type AddrMap<K, V> = HashMap<K, V, BuildHasherDefault<AddrHasher>>;
-
-impl Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (n ^ (n >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.write_u64(n as u64);
-    }
-}
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -52,7 +27,7 @@ struct Slot {
 
 #[derive(Default)]
 struct Shard {
-    index: HashMap<Addr, usize, BuildHasherDefault<AddrHasher>>,
+    index: AddrMap<Addr, usize>,
     slots: Vec<Slot>,
     hand: usize,
     bytes: usize,

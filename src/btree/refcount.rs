@@ -27,7 +27,7 @@
 //! number of distinct reachable nodes (plus roots) that point at it.
 
 use crate::btree::node::{Child, Node};
-use crate::cache::AddrMap;
+use crate::format::AddrMap;
 use crate::format::{Addr, BlockRef};
 use std::sync::Arc;
 

@@ -1,0 +1,266 @@
+//! The write kernel: what every logged operation means, in one place.
+//!
+//! A live transaction, WAL replay and version creation all change the writer state
+//! through these functions, so a record replayed after a crash does exactly what it
+//! did when it was committed:
+//! - [`apply_op`]: put, put-extent and delete on one tree;
+//! - [`apply_record`]: a whole logged record (recovery);
+//! - [`create_version`] and [`drop_version`]: the catalog changes;
+//! - [`Changes`]: the bookkeeping an edit collects besides the tree (space, reference
+//!   counts, superseded nodes, dirty bytes), built into a [`WriteCtx`] and folded into
+//!   the writer state in one place.
+
+use super::WriterState;
+use crate::btree::node::{Child, Node, Value};
+use crate::btree::refcount::RcDelta;
+use crate::btree::{self, Loader, WriteCtx};
+use crate::catalog::{Version, VersionId, VersionKind};
+use crate::error::{Error, Result};
+use crate::format::{BlockRef, Lsn};
+use crate::space::SpaceDelta;
+use crate::wal::{Op, Record, VersionOp};
+use std::sync::Arc;
+
+/// What an edit changes besides the tree itself. A transaction keeps one for its
+/// whole life and folds it in on commit (an abort drops it); a one-shot edit
+/// ([`WriterState::edit`]) folds it in at once.
+#[derive(Default)]
+pub(crate) struct Changes {
+    /// Live-byte changes.
+    delta: SpaceDelta,
+    /// Reference-count changes.
+    rc: RcDelta,
+    /// Frozen dirty nodes replaced or released; their addresses (assigned by the
+    /// checkpoint in flight) are freed at the next freeze.
+    superseded: Vec<Arc<Node>>,
+    /// Bytes of nodes made dirty.
+    dirtied_bytes: u64,
+}
+
+impl Changes {
+    /// A write context over `w`'s committed counts that records into `self`.
+    pub(crate) fn ctx<'a>(
+        &'a mut self,
+        w: &'a WriterState,
+        loader: Loader<'a>,
+        keep_pinned: bool,
+    ) -> WriteCtx<'a> {
+        WriteCtx {
+            loader,
+            epoch: w.epoch,
+            delta: &mut self.delta,
+            superseded: &mut self.superseded,
+            dirtied_bytes: &mut self.dirtied_bytes,
+            keep_pinned,
+            refs: &w.refs,
+            rc: &mut self.rc,
+        }
+    }
+
+    /// Folds these changes into the writer state.
+    pub(crate) fn merge_into(self, w: &mut WriterState) {
+        w.delta.merge(self.delta);
+        w.refs.apply(self.rc);
+        w.superseded.extend(self.superseded);
+        w.dirty_bytes += self.dirtied_bytes;
+    }
+}
+
+impl WriterState {
+    /// Runs `f` with a write context and folds what it changed into this state, also
+    /// when it fails half-way: each change an edit makes is complete in itself.
+    pub(crate) fn edit<T>(
+        &mut self,
+        loader: Loader<'_>,
+        keep_pinned: bool,
+        f: impl FnOnce(&mut WriteCtx<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let mut changes = Changes::default();
+        let result = f(&mut changes.ctx(self, loader, keep_pinned));
+        changes.merge_into(self);
+        result
+    }
+}
+
+/// Applies one operation to the tree at `root`: the meaning of put, put-extent and
+/// delete. A value the operation replaces or removes loses its pointer (an extent no
+/// other leaf shares is freed). Returns whether a value was replaced or removed.
+pub(crate) fn apply_op(
+    root: &mut Option<Child>,
+    op: &Op<'_>,
+    ctx: &mut WriteCtx<'_>,
+) -> Result<bool> {
+    let old = match *op {
+        Op::Put { key, value } => btree::insert(root, key, Value::Inline(value.into()), ctx)?,
+        Op::PutExtent { key, extent } => {
+            // The extent was written (once) before the operation was logged; from
+            // here on the tree holds it.
+            ctx.delta.alloc(extent);
+            btree::insert(root, key, Value::Extent(extent), ctx)?
+        }
+        Op::Delete { key } => btree::delete(root, key, ctx)?,
+    };
+    if let Some(old) = &old {
+        ctx.release_value(old);
+    }
+    Ok(old.is_some())
+}
+
+/// Replays one logged record into the writer state (recovery). `lsn` is the record's.
+pub(crate) fn apply_record(
+    w: &mut WriterState,
+    loader: Loader<'_>,
+    keep_pinned: bool,
+    record: &Record<'_>,
+    lsn: Lsn,
+) -> Result<()> {
+    match record {
+        Record::Batch(batch) => {
+            let id = VersionId(batch.branch());
+            let version = w.catalog.by_id_mut(id).ok_or_else(|| {
+                Error::corrupted("wal", format!("batch for unknown version {}", id.0))
+            })?;
+            if version.kind != VersionKind::Branch {
+                return Err(Error::corrupted("wal", "batch for a read-only version"));
+            }
+            let mut root = version.root.take();
+            let result = w.edit(loader, keep_pinned, |ctx| {
+                for op in batch.ops() {
+                    apply_op(&mut root, &op?, ctx)?;
+                }
+                Ok(())
+            });
+            if let Some(v) = w.catalog.by_id_mut(id) {
+                v.root = root;
+            }
+            result
+        }
+        Record::Version(op @ VersionOp::Create { .. }) => create_version(w, op, lsn),
+        Record::Version(VersionOp::Drop { id }) => {
+            if w.catalog.versions.iter().all(|v| v.id.0 != *id) {
+                return Err(Error::corrupted(
+                    "wal",
+                    format!("drop of unknown version {id}"),
+                ));
+            }
+            drop_version(w, loader, keep_pinned, VersionId(*id));
+            Ok(())
+        }
+        Record::CheckpointCommit { .. } => Err(Error::corrupted(
+            "superblock",
+            format!(
+                "LSN {} was committed by a checkpoint newer than the superblock in use \
+                 (the newest superblock slot is damaged); recovering would lose it",
+                lsn.0
+            ),
+        )),
+    }
+}
+
+/// Adds the version a `Create` record describes: its root is its source's root, which
+/// gains a parent (Rodeh §5: the clone is O(1)). The live path checks the name and
+/// source before logging, so here a failure means a damaged log.
+pub(crate) fn create_version(w: &mut WriterState, op: &VersionOp, lsn: Lsn) -> Result<()> {
+    let VersionOp::Create {
+        id,
+        source,
+        snapshot,
+        created_unix_ms,
+        created_checkpoint,
+        name,
+    } = op
+    else {
+        return Err(Error::corrupted(
+            "wal",
+            "a drop where a create was expected",
+        ));
+    };
+    let root = w
+        .catalog
+        .versions
+        .iter()
+        .find(|v| v.id.0 == *source)
+        .ok_or_else(|| Error::corrupted("wal", format!("clone of unknown version {source}")))?
+        .root
+        .clone();
+    if w.catalog.by_name(name).is_some() || w.catalog.versions.iter().any(|v| v.id.0 == *id) {
+        return Err(Error::corrupted(
+            "wal",
+            format!("version {name:?} made twice"),
+        ));
+    }
+    if let Some(root) = &root {
+        let mut rc = RcDelta::default();
+        rc.add(&w.refs.target(root), 1);
+        w.refs.apply(rc);
+    }
+    w.catalog.versions.push(Version {
+        id: VersionId(*id),
+        name: name.as_str().into(),
+        kind: if *snapshot {
+            VersionKind::Snapshot
+        } else {
+            VersionKind::Branch
+        },
+        parent: Some(VersionId(*source)),
+        created_unix_ms: *created_unix_ms,
+        created_lsn: lsn,
+        created_checkpoint: *created_checkpoint,
+        root,
+    });
+    w.catalog.next_id = w.catalog.next_id.max(id.saturating_add(1));
+    Ok(())
+}
+
+/// Removes version `id` from the catalog and releases its root (Rodeh §5.4): nodes
+/// with other parents lose one; in-memory nodes with none are released at once; written
+/// ones go onto the drop queue for the background walk. Versions made from it are
+/// re-linked to its parent, so the tree of versions stays connected.
+pub(crate) fn drop_version(
+    w: &mut WriterState,
+    loader: Loader<'_>,
+    keep_pinned: bool,
+    id: VersionId,
+) {
+    let Some(at) = w.catalog.versions.iter().position(|v| v.id == id) else {
+        return;
+    };
+    let gone = w.catalog.versions.remove(at);
+    for v in &mut w.catalog.versions {
+        if v.parent == Some(id) {
+            v.parent = gone.parent;
+        }
+    }
+    if let Some(root) = &gone.root {
+        let mut queue: Vec<BlockRef> = Vec::new();
+        // Releasing a root reads nothing (written nodes are queued, not loaded), so
+        // this edit cannot fail.
+        let _ = w.edit(loader, keep_pinned, |ctx| {
+            ctx.release_node(root, &mut queue);
+            Ok(())
+        });
+        w.drop_queue.extend(queue);
+    }
+}
+
+/// Frees up to `budget` queued nodes of dropped versions. Returns whether work remains.
+pub(crate) fn drop_step(
+    w: &mut WriterState,
+    loader: Loader<'_>,
+    keep_pinned: bool,
+    budget: usize,
+) -> Result<bool> {
+    let mut queue = std::mem::take(&mut w.drop_queue);
+    let result = w.edit(loader, keep_pinned, |ctx| {
+        for _ in 0..budget {
+            let Some(r) = queue.pop() else { break };
+            if let Err(e) = ctx.release_queued(r, &mut queue) {
+                queue.push(r);
+                return Err(e);
+            }
+        }
+        Ok(())
+    });
+    w.drop_queue = queue;
+    result.map(|()| !w.drop_queue.is_empty())
+}

@@ -1,0 +1,248 @@
+//! The engine's shared state: what every handle, transaction and background task of
+//! one open store works on. Below the public facade (`store.rs`) and above the
+//! structures it ties together (WAL, segments, cache, catalog, trees).
+//!
+//! Concurrency model:
+//! - One writer at a time (`Shared::writer`); readers take an immutable [`View`]
+//!   (published roots) and never block, nor are blocked by, the writer.
+//! - A committing writer appends its WAL record under the writer lock, releases it,
+//!   and then waits for the group-commit fsync; its new roots are published to
+//!   readers only after they are durable (for `Durability::Immediate`).
+//! - Checkpoints take the writer lock only to freeze; they write while commits go on.
+//!   Lock order: `writer` before `durable`.
+//!
+//! Poisoning: after an I/O error at a point where memory and disk may disagree (a WAL
+//! write or sync, a checkpoint), [`Shared::poison`] latches the store: reads go on,
+//! writes fail with `Poisoned` until it is reopened, and recovery restores the last
+//! durable state.
+
+mod apply;
+mod view;
+
+pub(crate) use apply::{apply_op, apply_record, create_version, drop_step, drop_version, Changes};
+pub(crate) use view::{View, ViewRegistry};
+
+use crate::btree::node::Node;
+use crate::btree::refcount::RefCounts;
+use crate::btree::Loader;
+use crate::btree::cache::PageCache;
+use crate::catalog::Catalog;
+use crate::error::{Error, Result};
+use crate::format::{BlockRef, Lsn};
+use crate::io::{VFile, Vfs};
+use crate::options::Options;
+use crate::space::{Segments, SpaceDelta, Usage};
+use crate::superblock::Superblock;
+use crate::wal::Wal;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+
+/// The writer's state: the newest roots (including commits not yet durable) and the
+/// space bookkeeping of the current checkpoint interval.
+pub(crate) struct WriterState {
+    pub catalog: Catalog,
+    /// Incremented by each checkpoint freeze; nodes made dirty carry it.
+    pub epoch: u64,
+    /// Live-byte changes since the last freeze.
+    pub delta: SpaceDelta,
+    /// Frozen nodes replaced since the last freeze (see `btree::write::shadow`).
+    pub superseded: Vec<Arc<Node>>,
+    /// Reference counts above one (see `btree::refcount`).
+    pub refs: RefCounts,
+    /// Written nodes of dropped versions that nothing references any more, waiting to
+    /// be freed (their bytes) and to release their children ([`drop_step`]).
+    pub drop_queue: Vec<BlockRef>,
+    pub last_lsn: Lsn,
+    /// Approximate bytes of nodes dirtied since the last freeze.
+    pub dirty_bytes: u64,
+}
+
+/// The durable state: what the newest superblock says. Guarded by the checkpoint lock.
+pub(crate) struct Durable {
+    pub sb: Superblock,
+    /// The other slot's superblock, the one recovery falls back to if `sb`'s slot is
+    /// damaged. Everything it needs is kept: WAL generations from its `wal_gen` on,
+    /// and segments until a checkpoint after the one that emptied them.
+    pub fallback: Option<Superblock>,
+    pub sb_file: Arc<dyn VFile>,
+    pub usage: Usage,
+}
+
+/// What the background thread is asked to do.
+#[derive(Default)]
+pub(crate) struct BackgroundWork {
+    pub stop: bool,
+    /// A checkpoint threshold was crossed.
+    pub checkpoint: bool,
+    /// A drop left nodes to free.
+    pub drops: bool,
+}
+
+/// The background thread's mailbox.
+pub(crate) type Signal = (Mutex<BackgroundWork>, Condvar);
+
+/// A segment a durable checkpoint emptied, waiting until nothing can reach it.
+pub(crate) struct PendingDelete {
+    pub segment: crate::format::SegmentId,
+    /// Views at an LSN below this may still reach the segment.
+    pub lsn: Lsn,
+    /// The superblock generation that emptied it: the fallback superblock may reach it
+    /// until a later generation is durable.
+    pub generation: u64,
+}
+
+/// Everything one open store shares between its handles and threads.
+pub(crate) struct Shared {
+    pub label: String,
+    pub path: PathBuf,
+    pub opts: Options,
+    pub vfs: Arc<dyn Vfs>,
+    pub segments: Segments,
+    pub cache: PageCache,
+    pub wal: Wal,
+    pub writer: Mutex<WriterState>,
+    pub durable: Mutex<Durable>,
+    pub published: RwLock<Arc<View>>,
+    pub views: Arc<ViewRegistry>,
+    /// Segments emptied by a durable checkpoint, deletable once no view older than
+    /// the LSN can reach them.
+    pub pending_deletes: Mutex<Vec<PendingDelete>>,
+    pub poisoned: Mutex<Option<String>>,
+    /// Whether the live data is small enough for trees to stay linked in memory
+    /// ([`fits_pinned`]); updated by every checkpoint.
+    pub keep_pinned: AtomicBool,
+    pub background: Arc<Signal>,
+    /// Mirrors `durable.sb.generation`, readable without waiting for a checkpoint.
+    pub durable_generation: AtomicU64,
+    pub bg_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    pub closed: Mutex<bool>,
+    /// The process lock on the store directory, held as long as the engine lives.
+    pub _process_lock: Box<dyn Send + Sync>,
+}
+
+/// Locks `m`, ignoring poisoning: every critical section in the engine leaves its data
+/// consistent before anything that can panic, so a panicking holder leaves nothing
+/// half-done.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Whether a store whose live data is `live_bytes` keeps its trees pinned in memory
+/// with a cache of `cache_bytes`: below an eighth of the budget (decoded nodes take
+/// several times their packed size), pinning costs nothing the cache would not, and
+/// reads follow pointers instead of hashing every address.
+pub(crate) fn fits_pinned(live_bytes: u64, cache_bytes: u64) -> bool {
+    live_bytes.saturating_mul(8) < cache_bytes
+}
+
+impl Shared {
+    pub(crate) fn loader(&self) -> Loader<'_> {
+        Loader {
+            cache: &self.cache,
+            segments: &self.segments,
+        }
+    }
+
+    pub(crate) fn keep_pinned(&self) -> bool {
+        self.keep_pinned.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn check_writable(&self) -> Result<()> {
+        if self.opts.read_only {
+            return Err(Error::ReadOnly("the store was opened read-only".into()));
+        }
+        if let Some(why) = lock(&self.poisoned).as_ref() {
+            return Err(Error::Poisoned(why.clone()));
+        }
+        Ok(())
+    }
+
+    /// Latches an I/O failure: memory and disk may now disagree, so no more writes.
+    pub(crate) fn poison(&self, err: &Error) {
+        let mut p = lock(&self.poisoned);
+        if p.is_none() {
+            *p = Some(err.to_string());
+        }
+        self.wal.poison(&err.to_string());
+    }
+
+    /// The writer lock, for a change that must be writable: checked before waiting
+    /// for the lock and again once it is held (a checkpoint may have failed meanwhile).
+    pub(crate) fn lock_writer_checked(&self) -> Result<MutexGuard<'_, WriterState>> {
+        self.check_writable()?;
+        let w = lock(&self.writer);
+        self.check_writable()?;
+        Ok(w)
+    }
+
+    pub(crate) fn lock_writer(&self) -> MutexGuard<'_, WriterState> {
+        lock(&self.writer)
+    }
+
+    /// A view of the writer's current roots at its last LSN.
+    pub(crate) fn view_of(&self, w: &WriterState) -> Arc<View> {
+        Arc::new(View::new(w.last_lsn, &w.catalog, self.views.clone()))
+    }
+
+    /// Makes `view` what new readers see, unless a newer one is already published.
+    pub(crate) fn publish(&self, view: Arc<View>) {
+        let mut p = self
+            .published
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if view.lsn > p.lsn {
+            *p = view;
+        }
+    }
+
+    /// Replaces the published view by one of the same LSN (the same state, with roots
+    /// named differently: by address instead of in memory).
+    pub(crate) fn republish(&self, view: Arc<View>) {
+        let mut p = self
+            .published
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if view.lsn == p.lsn {
+            *p = view;
+        }
+    }
+
+    pub(crate) fn published(&self) -> Arc<View> {
+        self.published
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Whether a checkpoint threshold has been crossed.
+    pub(crate) fn checkpoint_due(&self, dirty_bytes: u64) -> bool {
+        self.wal.bytes_since_checkpoint() > self.opts.checkpoint_wal_bytes
+            || dirty_bytes > self.opts.checkpoint_dirty_bytes
+    }
+
+    /// The generation of the durable superblock.
+    pub(crate) fn durable_generation(&self) -> u64 {
+        self.durable_generation.load(Ordering::Relaxed)
+    }
+
+    /// Asks the background thread for work.
+    pub(crate) fn signal(&self, ask: impl FnOnce(&mut BackgroundWork)) {
+        let (m, cv) = &*self.background;
+        ask(&mut lock(m));
+        cv.notify_all();
+    }
+
+    /// Tells the background thread that dropped versions have nodes to free. Without
+    /// one, they are freed by `finish_drops`, `checkpoint` and `close`.
+    pub(crate) fn wake_background(&self) {
+        self.signal(|work| work.drops = true);
+    }
+
+    /// Whether anything committed is not yet in a checkpoint.
+    pub(crate) fn has_unwritten(&self) -> bool {
+        let w = self.lock_writer();
+        let durable_lsn = lock(&self.durable).sb.checkpoint_lsn;
+        w.last_lsn > durable_lsn || !w.delta.is_empty()
+    }
+}

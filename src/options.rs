@@ -1,0 +1,71 @@
+//! How a store is opened and how commits are made durable: [`Options`] and
+//! [`Durability`], with their defaults and why they are what they are.
+
+use crate::io::Vfs;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How to open a store.
+#[derive(Clone)]
+pub struct Options {
+    /// Page cache budget in bytes.
+    pub cache_bytes: usize,
+    /// Checkpoint when this much WAL has accumulated since the last one.
+    pub checkpoint_wal_bytes: u64,
+    /// Checkpoint when this many bytes of nodes are dirty.
+    pub checkpoint_dirty_bytes: u64,
+    /// Checkpoint at least this often while there is anything to write.
+    pub checkpoint_interval: Option<Duration>,
+    /// Run checkpoints on a background thread (otherwise the committing thread runs
+    /// them when a threshold is crossed, and the interval is not used).
+    pub background_checkpoints: bool,
+    /// Open without writing anything (shared process lock; the WAL is replayed in
+    /// memory only).
+    pub read_only: bool,
+    /// Checkpoint when the store is closed or dropped, so the next open replays nothing.
+    pub checkpoint_on_close: bool,
+    /// The file system to use; `None` means real files in the store directory.
+    pub vfs: Option<Arc<dyn Vfs>>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            cache_bytes: 256 << 20,
+            checkpoint_wal_bytes: 64 << 20,
+            checkpoint_dirty_bytes: 256 << 20,
+            checkpoint_interval: Some(Duration::from_secs(30)),
+            background_checkpoints: true,
+            read_only: false,
+            checkpoint_on_close: true,
+            vfs: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("cache_bytes", &self.cache_bytes)
+            .field("checkpoint_wal_bytes", &self.checkpoint_wal_bytes)
+            .field("checkpoint_dirty_bytes", &self.checkpoint_dirty_bytes)
+            .field("checkpoint_interval", &self.checkpoint_interval)
+            .field("background_checkpoints", &self.background_checkpoints)
+            .field("read_only", &self.read_only)
+            .field("checkpoint_on_close", &self.checkpoint_on_close)
+            .field("vfs", &self.vfs.as_ref().map(|_| "custom"))
+            .finish()
+    }
+}
+
+/// When a commit is durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// `commit` returns after the WAL fsync that covers it (group commit: concurrent
+    /// committers share one fsync).
+    #[default]
+    Immediate,
+    /// `commit` returns at once; the transaction is atomic and visible, and becomes
+    /// durable with the next checkpoint or the next `Immediate` commit. For bulk loads.
+    Deferred,
+}

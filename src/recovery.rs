@@ -1,0 +1,208 @@
+//! Opening a store: creating the initial durable state of a new one, and recovering
+//! the newest durable state of an existing one.
+//!
+//! Recovery: read both superblock slots; take the newest valid one whose metadata blob
+//! reads back (else the other). Open every segment (header checked). Replay every WAL
+//! generation from the superblock's `wal_gen` on, in order, each up to its torn tail,
+//! through the same write kernel as live commits (`engine::apply_record`). New commits
+//! go to a fresh generation (a torn file is never appended to).
+//!
+//! A writable open then fsyncs every log and segment file it read (what recovery read
+//! may sit only in the OS cache after a process crash: nothing must be built on records
+//! a later power loss could take back), deletes WAL generations that no superblock
+//! needs, and rewrites an invalid superblock slot with an immediate checkpoint.
+
+use crate::btree::cache::PageCache;
+use crate::catalog::{Catalog, Meta};
+use crate::checkpoint;
+use crate::engine::{self, fits_pinned, lock, Durable, Shared, ViewRegistry, WriterState};
+use crate::error::{Error, Result};
+use crate::format::{now_unix_ms, Lsn};
+use crate::io::{VFile, Vfs};
+use crate::options::Options;
+use crate::space::{Segments, SpaceDelta};
+use crate::superblock::{self, Superblock, SuperblockFile};
+use crate::wal::{self, Generations, Wal};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// Writes the durable state of an empty store (one empty branch, `main`) into `vfs`.
+pub(crate) fn create(vfs: &Arc<dyn Vfs>, label: &str) -> Result<()> {
+    let _guard = vfs.lock(true)?;
+    if vfs.exists(superblock::FILE_NAME)? {
+        return Err(Error::AlreadyExists(label.to_owned()));
+    }
+    let segments = Segments::open(vfs.clone(), false)?;
+    let meta = Meta {
+        catalog: Catalog::initial(),
+        ..Meta::default()
+    };
+    let meta_ref = segments.append(&meta.encode())?;
+    segments.sync()?;
+    let sb_file = vfs.create(superblock::FILE_NAME)?;
+    let created = now_unix_ms();
+    // Both slots valid from the start: generation 1 in slot 1, then 2 in slot 0.
+    for generation in [1, 2] {
+        let sb = Superblock {
+            generation,
+            checkpoint_lsn: Lsn(0),
+            wal_gen: 1,
+            meta: meta_ref,
+            created_unix_ms: created,
+        };
+        SuperblockFile::write(&*sb_file, &sb)?;
+    }
+    vfs.sync_dir()?;
+    Ok(())
+}
+
+/// Opens the store in `vfs`: the newest durable state plus the WAL after it.
+pub(crate) fn open(
+    vfs: Arc<dyn Vfs>,
+    dir: &Path,
+    label: String,
+    opts: Options,
+) -> Result<Arc<Shared>> {
+    let process_lock = vfs.lock(!opts.read_only)?;
+    let sb_file = SuperblockFile::read(&*vfs, &label)?;
+    let segments = Segments::open(vfs.clone(), opts.read_only)?;
+    let (sb, meta) = load_newest(&sb_file, &segments)?;
+    let fallback = sb_file
+        .candidates()?
+        .into_iter()
+        .find(|c| c.generation < sb.generation);
+    let cache = PageCache::new(opts.cache_bytes);
+    let keep_pinned = fits_pinned(meta.usage.values().sum(), cache.capacity());
+    let mut writer = WriterState {
+        catalog: meta.catalog,
+        epoch: 1,
+        delta: SpaceDelta::default(),
+        superseded: Vec::new(),
+        refs: crate::btree::refcount::RefCounts::from_table(meta.refcounts),
+        drop_queue: meta.drop_queue,
+        last_lsn: sb.checkpoint_lsn,
+        dirty_bytes: 0,
+    };
+    let loader = crate::btree::Loader {
+        cache: &cache,
+        segments: &segments,
+    };
+    let replayed = replay_wal(&*vfs, &sb, &mut writer, loader, keep_pinned)?;
+    let wal = Wal::new(
+        vfs.clone(),
+        replayed.next_gen,
+        writer.last_lsn,
+        replayed.bytes,
+    );
+    let views = Arc::new(ViewRegistry::default());
+    let view = Arc::new(engine::View::new(
+        writer.last_lsn,
+        &writer.catalog,
+        views.clone(),
+    ));
+    let needs_heal = !opts.read_only && sb_file.has_invalid_slot();
+    let durable_generation = sb.generation;
+    let durable = Durable {
+        sb,
+        fallback,
+        sb_file: sb_file.file.clone(),
+        usage: meta.usage,
+    };
+    let shared = Arc::new(Shared {
+        label,
+        path: dir.to_path_buf(),
+        opts,
+        vfs,
+        segments,
+        cache,
+        wal,
+        writer: Mutex::new(writer),
+        durable: Mutex::new(durable),
+        published: RwLock::new(view),
+        views,
+        pending_deletes: Mutex::new(Vec::new()),
+        poisoned: Mutex::new(None),
+        keep_pinned: AtomicBool::new(keep_pinned),
+        background: Arc::default(),
+        durable_generation: AtomicU64::new(durable_generation),
+        bg_thread: Mutex::new(None),
+        closed: Mutex::new(false),
+        _process_lock: process_lock,
+    });
+    if !shared.opts.read_only {
+        settle(&shared, &replayed.files, needs_heal)?;
+    }
+    Ok(shared)
+}
+
+/// A writable open's work after replay: make what was read durable, drop the log no
+/// superblock needs, and rewrite an invalid superblock slot.
+fn settle(shared: &Shared, replayed: &[Arc<dyn VFile>], needs_heal: bool) -> Result<()> {
+    for file in replayed {
+        file.sync()?;
+    }
+    shared.segments.sync_all()?;
+    let first_live = {
+        let d = lock(&shared.durable);
+        d.fallback
+            .map_or(d.sb.wal_gen, |f| f.wal_gen.min(d.sb.wal_gen))
+    };
+    wal::remove_below(&*shared.vfs, first_live)?;
+    if needs_heal {
+        // A torn or corrupt slot is rewritten by the next checkpoint (it is the slot
+        // the next generation goes to); do it now.
+        checkpoint::run(shared, None)?;
+    }
+    Ok(())
+}
+
+/// Loads the newest superblock whose metadata reads back; falls back to the other slot.
+fn load_newest(sb_file: &SuperblockFile, segments: &Segments) -> Result<(Superblock, Meta)> {
+    let mut last_err = None;
+    for sb in sb_file.candidates()? {
+        match segments
+            .read(sb.meta, "metadata")
+            .and_then(|b| Meta::decode(&b))
+        {
+            Ok(meta) => return Ok((sb, meta)),
+            Err(e) => last_err = Some(e),
+        }
+    }
+    Err(last_err.unwrap_or_else(|| Error::corrupted("superblock", "no valid slot")))
+}
+
+struct Replayed {
+    next_gen: u64,
+    bytes: u64,
+    /// The log files read, to be fsynced before new commits build on them.
+    files: Vec<Arc<dyn VFile>>,
+}
+
+/// Replays WAL generations from the superblock's on, in order, into `w`.
+fn replay_wal(
+    vfs: &dyn Vfs,
+    sb: &Superblock,
+    w: &mut WriterState,
+    loader: crate::btree::Loader<'_>,
+    keep_pinned: bool,
+) -> Result<Replayed> {
+    let mut next_gen = sb.wal_gen;
+    let mut bytes = 0;
+    let mut files = Vec::new();
+    for generation in Generations::read(vfs, sb.wal_gen, w.last_lsn)? {
+        let generation = generation?;
+        for logged in &generation.records {
+            engine::apply_record(w, loader, keep_pinned, &logged.record()?, logged.lsn)?;
+            w.last_lsn = logged.lsn;
+        }
+        bytes += generation.valid_bytes;
+        next_gen = generation.gen + 1;
+        files.push(generation.file);
+    }
+    Ok(Replayed {
+        next_gen,
+        bytes,
+        files,
+    })
+}
