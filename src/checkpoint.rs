@@ -23,6 +23,7 @@
 //! superblock is used and replays from the new generation.
 
 use crate::btree::node::{Body, Child, Node};
+use crate::btree::walk::{walk, At, Visitor};
 use crate::catalog::{Catalog, Meta};
 use crate::engine::{fits_pinned, lock, Durable, PendingDelete, Shared, WriterState};
 use crate::error::Result;
@@ -143,44 +144,44 @@ fn freeze(shared: &Shared, w: &mut WriterState, generation: u64) -> Result<Froze
     Ok(frozen)
 }
 
-/// Dirty nodes reachable from the frozen roots, one list per level.
-fn collect_dirty(catalog: &Catalog) -> Vec<Vec<Arc<Node>>> {
-    let mut levels: Vec<Vec<Arc<Node>>> = Vec::new();
-    let mut seen: HashSet<*const Node> = HashSet::new();
-    let mut stack: Vec<Arc<Node>> = Vec::new();
-    for v in &catalog.versions {
-        if let Some(Child::Mem(n)) = &v.root {
-            if n.is_dirty() {
-                stack.push(n.clone());
+/// Dirty nodes reachable from the frozen roots, one list per level, each node once
+/// (versions share dirty nodes too). Clean subtrees are never entered, so this reads
+/// nothing from disk.
+fn collect_dirty(shared: &Shared, catalog: &Catalog) -> Result<Vec<Vec<Arc<Node>>>> {
+    struct Dirty {
+        levels: Vec<Vec<Arc<Node>>>,
+        seen: HashSet<*const Node>,
+    }
+    impl Visitor for Dirty {
+        fn enter(&mut self, at: &At<'_>) -> Result<bool> {
+            Ok(match at.child {
+                Child::Mem(n) => n.is_dirty() && self.seen.insert(Arc::as_ptr(n)),
+                Child::Disk(_) => false,
+            })
+        }
+        fn visit(&mut self, _at: &At<'_>, node: &Arc<Node>) -> Result<bool> {
+            let level = usize::from(node.level);
+            if self.levels.len() <= level {
+                self.levels.resize_with(level + 1, Vec::new);
             }
+            self.levels[level].push(node.clone());
+            Ok(true)
         }
     }
-    while let Some(n) = stack.pop() {
-        if !seen.insert(Arc::as_ptr(&n)) {
-            continue;
-        }
-        if let Body::Branch(entries) = &n.body {
-            for e in entries {
-                if let Child::Mem(c) = &e.child {
-                    if c.is_dirty() {
-                        stack.push(c.clone());
-                    }
-                }
-            }
-        }
-        let level = usize::from(n.level);
-        if levels.len() <= level {
-            levels.resize_with(level + 1, Vec::new);
-        }
-        levels[level].push(n);
+    let mut dirty = Dirty {
+        levels: Vec::new(),
+        seen: HashSet::new(),
+    };
+    for root in catalog.versions.iter().filter_map(|v| v.root.as_ref()) {
+        walk(&mut shared.loader(), root, &mut dirty)?;
     }
-    levels
+    Ok(dirty.levels)
 }
 
 /// Writes the frozen state; returns its epoch once it is durable.
 fn write(shared: &Shared, durable: &mut Durable, frozen: Frozen) -> Result<u64> {
     let mut written = SpaceDelta::default();
-    for level in collect_dirty(&frozen.catalog) {
+    for level in collect_dirty(shared, &frozen.catalog)? {
         write_level(shared, &level, &mut written)?;
     }
     let mut refcounts: BTreeMap<Addr, u32> = frozen.refcounts.into_iter().collect();

@@ -1,8 +1,8 @@
 //! `Store::stats`: sizes, node counts, depth, segments, live and dead bytes, cache
 //! hit rate and WAL size, as one plain struct (serialisable for `--json`).
 
-use crate::btree::node::{Body, Child, Node, Value};
-use crate::btree::Loader;
+use crate::btree::node::{Body, Node, Value};
+use crate::btree::walk::{walk, At, Visitor};
 use crate::catalog::MAIN_BRANCH;
 use crate::engine::{lock, Shared};
 use crate::error::Result;
@@ -89,7 +89,7 @@ pub(crate) fn collect(shared: &Shared) -> Result<Stats> {
     };
     if let Some(main) = view.versions.iter().find(|v| &*v.name == MAIN_BRANCH) {
         if let Some(root) = &main.root {
-            tree_stats(shared.loader(), root, &mut s)?;
+            walk(&mut shared.loader(), root, &mut TreeStats(&mut s))?;
         }
     }
     let sizes = shared.segments.sizes()?;
@@ -111,8 +111,12 @@ pub(crate) fn collect(shared: &Shared) -> Result<Stats> {
     Ok(s)
 }
 
-fn tree_stats(loader: Loader<'_>, root: &Child, s: &mut Stats) -> Result<()> {
-    let mut visit = |_: &Child, node: &Arc<Node>| -> Result<bool> {
+/// Counts `main`'s nodes, keys and extents into `s`.
+struct TreeStats<'s>(&'s mut Stats);
+
+impl Visitor for TreeStats<'_> {
+    fn visit(&mut self, _at: &At<'_>, node: &Arc<Node>) -> Result<bool> {
+        let s = &mut *self.0;
         if node.is_dirty() {
             s.dirty_nodes += 1;
         }
@@ -131,7 +135,5 @@ fn tree_stats(loader: Loader<'_>, root: &Child, s: &mut Stats) -> Result<()> {
             Body::Branch(_) => s.branch_nodes += 1,
         }
         Ok(true)
-    };
-    crate::btree::walk(loader, root, &mut visit)?;
-    Ok(())
+    }
 }

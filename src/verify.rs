@@ -11,9 +11,10 @@
 //! first one unless the structure to walk is gone.
 
 use crate::btree::node::{Body, Child, Node, Value, BRANCH_ENTRY_MAX, LEAF_ENTRY_MAX, NODE_MAX};
+use crate::btree::walk::{walk, At, Source, Visitor};
 use crate::catalog::Meta;
 use crate::engine::Shared;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::format::FORMAT_VERSION;
 use crate::format::{Addr, BlockRef, Lsn, SegmentId};
 use crate::io::Vfs;
@@ -22,6 +23,7 @@ use crate::superblock::{Slot, SuperblockFile};
 use crate::wal::{self, Generations, Record};
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// What `verify` found.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -83,38 +85,24 @@ impl Walker<'_> {
         }
     }
 
-    /// Checks the subtree at `r`, whose keys must lie in `[lo, hi)`.
-    fn node(
-        &mut self,
-        version: &str,
-        r: BlockRef,
-        level: Option<u8>,
-        lo: Option<&[u8]>,
-        hi: Option<&[u8]>,
-        is_root: bool,
-    ) {
-        if !self.reference(r) {
-            return; // shared subtree, already checked
-        }
-        let node = match self
-            .segments
-            .read(r, "node")
-            .and_then(|b| Node::decode(&b, r))
-        {
-            Ok(n) => n,
-            Err(e) => return self.problem(format!("{version}: node {:?}: {e}", r.addr)),
+    /// Checks the tree of `version` at `root`, every node read from disk (not the
+    /// cache) and checked against its parent. `is_version_root`: a version's root
+    /// must not be empty (a drop-queue entry may be any node).
+    fn tree(&mut self, version: &str, root: BlockRef, is_version_root: bool) {
+        let mut source = DiskReads(self.segments);
+        let mut visitor = TreeCheck {
+            walker: self,
+            version,
+            is_version_root,
         };
-        self.report.nodes += 1;
-        self.report.bytes += u64::from(r.len);
-        (self.progress)(self.report.bytes);
-        if let Some(l) = level {
-            if node.level != l {
-                self.problem(format!(
-                    "{version}: node {:?} at level {} where {} was expected",
-                    r.addr, node.level, l
-                ));
-            }
+        if let Err(e) = walk(&mut source, &Child::Disk(root), &mut visitor) {
+            self.problem(format!("{version}: {e}"));
         }
+    }
+
+    /// Checks one node's own structure: size bound, key order, keys within the
+    /// parent's separators.
+    fn check_node(&mut self, version: &str, at: &At<'_>, r: BlockRef, node: &Node) {
         // Bounds are soft, in bytes: a node splits at its middle when an insert would
         // push it past NODE_MAX, and the half that takes the new entry may then end
         // up to two maximal entries past the middle... and past NODE_MAX, when entries
@@ -137,11 +125,11 @@ impl Walker<'_> {
         if keys.windows(2).any(|w| w[0] >= w[1]) {
             self.problem(format!("{version}: node {:?} keys out of order", r.addr));
         }
-        let first_ok = match (lo, keys.first()) {
+        let first_ok = match (at.lo, keys.first()) {
             (Some(lo), Some(first)) => *first >= lo,
             _ => true,
         };
-        let last_ok = match (hi, keys.last()) {
+        let last_ok = match (at.hi, keys.last()) {
             (Some(hi), Some(last)) => *last < hi,
             _ => true,
         };
@@ -150,43 +138,6 @@ impl Walker<'_> {
                 "{version}: node {:?} has keys outside its parent's bounds",
                 r.addr
             ));
-        }
-        if keys.is_empty() && is_root {
-            self.problem(format!("{version}: empty root node {:?}", r.addr));
-        }
-        match &node.body {
-            Body::Leaf(entries) => {
-                self.report.keys += entries.len() as u64;
-                for e in entries {
-                    if let Value::Extent(x) = e.value {
-                        self.extent(version, x);
-                    }
-                }
-            }
-            Body::Branch(entries) => {
-                for (i, e) in entries.iter().enumerate() {
-                    let Child::Disk(c) = e.child else {
-                        unreachable!("decoded children are on disk")
-                    };
-                    let child_lo = if i == 0 {
-                        lo.map(<[u8]>::to_vec)
-                    } else {
-                        Some(e.key.to_vec())
-                    };
-                    let child_hi = entries
-                        .get(i + 1)
-                        .map(|n| n.key.to_vec())
-                        .or_else(|| hi.map(<[u8]>::to_vec));
-                    self.node(
-                        version,
-                        c,
-                        Some(node.level - 1),
-                        child_lo.as_deref(),
-                        child_hi.as_deref(),
-                        false,
-                    );
-                }
-            }
         }
     }
 
@@ -201,6 +152,69 @@ impl Walker<'_> {
             }
             Err(e) => self.problem(format!("{version}: extent {:?}: {e}", x.addr)),
         }
+    }
+}
+
+/// Reads nodes straight from their segments, bypassing the page cache, so every
+/// node's checksum is checked against its parent's reference.
+struct DiskReads<'a>(&'a Segments);
+
+impl Source for DiskReads<'_> {
+    fn node(&mut self, child: &Child) -> Result<Arc<Node>> {
+        let Child::Disk(r) = child else {
+            return Err(Error::corrupted("node", "in-memory node in a durable tree"));
+        };
+        let bytes = self.0.read(*r, "node")?;
+        Ok(Arc::new(Node::decode(&bytes, *r)?))
+    }
+}
+
+/// One version's tree walk, reporting into the walker.
+struct TreeCheck<'w, 'a> {
+    walker: &'w mut Walker<'a>,
+    version: &'w str,
+    is_version_root: bool,
+}
+
+impl Visitor for TreeCheck<'_, '_> {
+    fn enter(&mut self, at: &At<'_>) -> Result<bool> {
+        // A block seen before is a shared subtree, already checked.
+        Ok(at
+            .child
+            .disk_ref()
+            .is_some_and(|r| self.walker.reference(r)))
+    }
+
+    fn visit(&mut self, at: &At<'_>, node: &Arc<Node>) -> Result<bool> {
+        let Some(r) = at.child.disk_ref() else {
+            return Ok(false);
+        };
+        let w = &mut *self.walker;
+        w.report.nodes += 1;
+        w.report.bytes += u64::from(r.len);
+        (w.progress)(w.report.bytes);
+        w.check_node(self.version, at, r, node);
+        if at.depth == 0 && self.is_version_root && node.len() == 0 {
+            w.problem(format!("{}: empty root node {:?}", self.version, r.addr));
+        }
+        if let Body::Leaf(entries) = &node.body {
+            w.report.keys += entries.len() as u64;
+            for e in entries {
+                if let Value::Extent(x) = e.value {
+                    w.extent(self.version, x);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    fn damaged(&mut self, at: &At<'_>, err: Error) -> Result<()> {
+        let problem = match at.child.disk_ref() {
+            Some(r) => format!("{}: node {:?}: {err}", self.version, r.addr),
+            None => format!("{}: {err}", self.version),
+        };
+        self.walker.problem(problem);
+        Ok(())
     }
 }
 
@@ -243,13 +257,13 @@ pub(crate) fn verify(shared: &Shared, progress: &mut dyn FnMut(u64)) -> Result<V
     for v in &meta.catalog.versions {
         walker.report.versions += 1;
         if let Some(Child::Disk(r)) = &v.root {
-            walker.node(&v.name, *r, None, None, None, true);
+            walker.tree(&v.name, *r, true);
         }
     }
     // Nodes of dropped versions not yet freed still hold their bytes and their
     // children's references: they are roots of the walk too.
     for r in &meta.drop_queue {
-        walker.node("(dropped)", *r, None, None, None, false);
+        walker.tree("(dropped)", *r, false);
     }
     check_tables(&mut walker, &meta, &segments)?;
     check_wal(&mut walker, vfs, sb.wal_gen, sb.checkpoint_lsn)?;

@@ -33,8 +33,9 @@
 //! ```
 
 use crate::btree::diff::TreeDiff;
-use crate::btree::node::{Body, Child, Value};
+use crate::btree::node::{Body, Child, Node, Value};
 use crate::btree::refcount::{RcDelta, RefCounts, Target};
+use crate::btree::walk::{walk, At, Visitor};
 use crate::btree::Loader;
 use crate::catalog::{check_version_name, VersionKind};
 use crate::commit::log_and_publish;
@@ -44,6 +45,7 @@ use crate::format::now_unix_ms;
 use crate::options::Durability;
 use crate::wal::{Record, VersionOp};
 use serde::Serialize;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// One version of the store, as `Store::versions` reports it.
@@ -254,7 +256,7 @@ pub(crate) fn list(shared: &Shared) -> Result<Vec<VersionInfo>> {
     let mut out = Vec::with_capacity(catalog.versions.len());
     for v in &catalog.versions {
         let (referenced_bytes, keys) = match &v.root {
-            Some(root) => referenced(loader, root, &mut memo, 0)?,
+            Some(root) => referenced(loader, root, &mut memo)?,
             None => (0, 0),
         };
         let exclusive_bytes = match &v.root {
@@ -301,99 +303,124 @@ pub(crate) fn diff(shared: &Arc<Shared>, a: &str, b: &str) -> Result<Diff> {
 /// Subtree totals already computed during one `versions()` call, by node identity
 /// (address once written, else the in-memory node): versions share most of their
 /// subtrees, so the store is read once, not once per version.
-type SubtreeMemo = std::collections::HashMap<u64, (u64, u64)>;
+type SubtreeMemo = HashMap<u64, (u64, u64)>;
 
 fn identity(child: &Child) -> u64 {
-    match child.disk_ref() {
-        Some(r) => r.addr.0,
+    match (child.disk_ref(), child) {
+        (Some(r), _) => r.addr.0,
         // In-memory addresses are below 2^63 on every platform we run on; written
         // addresses of such magnitude would need a segment id of 2^23.
-        None => match child {
-            Child::Mem(n) => (Arc::as_ptr(n) as usize as u64) | (1 << 63),
-            Child::Disk(_) => unreachable!("a Disk child has an address"),
-        },
+        (None, Child::Mem(n)) => (Arc::as_ptr(n) as usize as u64) | (1 << 63),
+        (None, Child::Disk(r)) => r.addr.0,
     }
 }
 
-/// Bytes of the nodes and extents reachable from `child`, and the keys in it. Within
-/// one tree nothing is reachable twice (an extent belongs to one leaf of a version).
-fn referenced(
-    loader: Loader<'_>,
-    child: &Child,
-    memo: &mut SubtreeMemo,
-    depth: usize,
-) -> Result<(u64, u64)> {
-    if depth > crate::btree::node::MAX_DEPTH {
-        return Err(Error::corrupted("node", "tree deeper than MAX_DEPTH"));
-    }
-    let id = identity(child);
-    if let Some(&totals) = memo.get(&id) {
-        return Ok(totals);
-    }
-    let node = loader.resolve(child)?;
-    let mut bytes = child
+/// Bytes a node takes on disk (or will, once written).
+fn node_bytes(child: &Child, node: &Node) -> u64 {
+    child
         .disk_ref()
-        .map_or(node.size as u64, |r| u64::from(r.len));
-    let mut keys = 0;
-    match &node.body {
-        Body::Leaf(entries) => {
-            keys += entries.len() as u64;
-            for e in entries {
-                if let Value::Extent(r) = e.value {
-                    bytes += u64::from(r.len);
+        .map_or(node.size as u64, |r| u64::from(r.len))
+}
+
+/// Bytes of the nodes and extents reachable from `root`, and the keys in it: a
+/// post-order fold whose subtree totals are memoised across versions. Within one tree
+/// nothing is reachable twice (an extent belongs to one leaf of a version).
+fn referenced(loader: Loader<'_>, root: &Child, memo: &mut SubtreeMemo) -> Result<(u64, u64)> {
+    struct Referenced<'m> {
+        memo: &'m mut SubtreeMemo,
+        /// Totals of the subtrees being folded, innermost last; the first is the result.
+        open: Vec<(u64, u64)>,
+    }
+    impl Referenced<'_> {
+        fn add(&mut self, (bytes, keys): (u64, u64)) {
+            if let Some(top) = self.open.last_mut() {
+                top.0 += bytes;
+                top.1 += keys;
+            }
+        }
+    }
+    impl Visitor for Referenced<'_> {
+        fn enter(&mut self, at: &At<'_>) -> Result<bool> {
+            match self.memo.get(&identity(at.child)).copied() {
+                Some(totals) => {
+                    self.add(totals);
+                    Ok(false)
+                }
+                None => Ok(true),
+            }
+        }
+        fn visit(&mut self, at: &At<'_>, node: &Arc<Node>) -> Result<bool> {
+            let mut totals = (node_bytes(at.child, node), 0);
+            if let Body::Leaf(entries) = &node.body {
+                totals.1 = entries.len() as u64;
+                for e in entries {
+                    if let Value::Extent(r) = e.value {
+                        totals.0 += u64::from(r.len);
+                    }
                 }
             }
+            self.open.push(totals);
+            Ok(true)
         }
-        Body::Branch(entries) => {
-            for e in entries {
-                let (b, k) = referenced(loader, &e.child, memo, depth + 1)?;
-                bytes += b;
-                keys += k;
-            }
+        fn leave(&mut self, at: &At<'_>, _node: &Arc<Node>) -> Result<()> {
+            let totals = self.open.pop().unwrap_or_default();
+            self.memo.insert(identity(at.child), totals);
+            self.add(totals);
+            Ok(())
         }
     }
-    memo.insert(id, (bytes, keys));
-    Ok((bytes, keys))
+    let mut fold = Referenced {
+        memo,
+        open: vec![(0, 0)],
+    };
+    walk(&mut { loader }, root, &mut fold)?;
+    Ok(fold.open.first().copied().unwrap_or_default())
 }
 
 /// Bytes that dropping the version at `root` would free: Rodeh's drop walk, run on a
-/// scratch copy of the counts. A node is counted when its last parent goes.
+/// scratch copy of the counts. A node is counted when its last parent goes; a node
+/// other parents keep is not read at all.
 fn exclusive(loader: Loader<'_>, refs: &RefCounts, root: &Child) -> Result<u64> {
-    let mut rc = RcDelta::default();
-    let mut bytes = 0;
-    // Each child carries its parent's level, and `child_of` checks that the level
-    // drops by one per step: a damaged tree cannot make this walk loop.
-    let mut stack: Vec<(Child, Option<u8>)> = vec![(root.clone(), None)];
-    while let Some((child, parent_level)) = stack.pop() {
-        let t = refs.target(&child);
-        if rc.count(refs, &t) > 1 {
-            rc.add(&t, -1);
-            continue;
-        }
-        let node = match parent_level {
-            None => loader.resolve(&child)?,
-            Some(level) => loader.child_of(level, &child)?,
-        };
-        bytes += child
-            .disk_ref()
-            .map_or(node.size as u64, |r| u64::from(r.len));
-        match &node.body {
-            Body::Branch(entries) => {
-                stack.extend(entries.iter().map(|e| (e.child.clone(), Some(node.level))))
+    struct Exclusive<'r> {
+        refs: &'r RefCounts,
+        rc: RcDelta,
+        bytes: u64,
+    }
+    impl Exclusive<'_> {
+        /// Takes one pointer away from `t`: true if it was the last one.
+        fn release(&mut self, t: &Target<'_>) -> bool {
+            if self.rc.count(self.refs, t) > 1 {
+                self.rc.add(t, -1);
+                false
+            } else {
+                true
             }
-            Body::Leaf(entries) => {
+        }
+    }
+    impl Visitor for Exclusive<'_> {
+        fn enter(&mut self, at: &At<'_>) -> Result<bool> {
+            let t = self.refs.target(at.child);
+            Ok(self.release(&t))
+        }
+        fn visit(&mut self, at: &At<'_>, node: &Arc<Node>) -> Result<bool> {
+            self.bytes += node_bytes(at.child, node);
+            if let Body::Leaf(entries) = &node.body {
                 for e in entries {
                     if let Value::Extent(r) = e.value {
-                        let t = Target::Block(r);
-                        if rc.count(refs, &t) > 1 {
-                            rc.add(&t, -1);
-                        } else {
-                            bytes += u64::from(r.len);
+                        if self.release(&Target::Block(r)) {
+                            self.bytes += u64::from(r.len);
                         }
                     }
                 }
             }
+            Ok(true)
         }
     }
-    Ok(bytes)
+    let mut drop_walk = Exclusive {
+        refs,
+        rc: RcDelta::default(),
+        bytes: 0,
+    };
+    walk(&mut { loader }, root, &mut drop_walk)?;
+    Ok(drop_walk.bytes)
 }

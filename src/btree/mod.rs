@@ -17,6 +17,7 @@ pub(crate) mod cursor;
 pub(crate) mod diff;
 pub(crate) mod node;
 pub(crate) mod refcount;
+pub(crate) mod walk;
 mod write;
 
 pub(crate) use write::{delete, insert, WriteCtx};
@@ -146,36 +147,4 @@ fn get_below<R>(
 /// Whether `key` is present.
 pub(crate) fn contains(loader: Loader<'_>, root: Option<&Child>, key: &[u8]) -> Result<bool> {
     Ok(get_with(loader, root, key, |_| Ok(()))?.is_some())
-}
-
-/// Visits every node reachable from `root` (pre-order), resolving through `loader`.
-/// `descend(node)` says whether to visit its children.
-pub(crate) fn walk(
-    loader: Loader<'_>,
-    root: &Child,
-    visit: &mut dyn FnMut(&Child, &Arc<Node>) -> Result<bool>,
-) -> Result<()> {
-    fn rec(
-        loader: Loader<'_>,
-        child: &Child,
-        node: Arc<Node>,
-        depth: usize,
-        visit: &mut dyn FnMut(&Child, &Arc<Node>) -> Result<bool>,
-    ) -> Result<()> {
-        if depth > MAX_DEPTH {
-            return Err(Error::corrupted("node", "tree deeper than MAX_DEPTH"));
-        }
-        if !visit(child, &node)? {
-            return Ok(());
-        }
-        if let Body::Branch(entries) = &node.body {
-            for e in entries {
-                let c = loader.child_of(node.level, &e.child)?;
-                rec(loader, &e.child, c, depth + 1, visit)?;
-            }
-        }
-        Ok(())
-    }
-    let node = loader.resolve(root)?;
-    rec(loader, root, node, 0, visit)
 }

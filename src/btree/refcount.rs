@@ -119,7 +119,11 @@ impl RefCounts {
     pub(crate) fn apply(&mut self, delta: RcDelta) {
         for (addr, d) in delta.blocks {
             let now = i64::from(self.table.get(&addr).copied().unwrap_or(1)) + d;
-            debug_assert!(now >= 0, "reference count of {addr:?} below zero");
+            // Below zero, a block would be freed while something still points at it:
+            // the counts no longer describe the trees. Stop here (the writer lock's
+            // poisoning then makes the store refuse writes) rather than go on to free
+            // live data.
+            assert!(now >= 0, "reference count of {addr:?} below zero ({now})");
             match u32::try_from(now) {
                 Ok(n) if n > 1 => {
                     self.table.insert(addr, n);
@@ -131,7 +135,10 @@ impl RefCounts {
         }
         for (id, (node, d)) in delta.mem {
             let now = i64::from(self.mem.get(&id).map_or(1, |e| e.1)) + d;
-            debug_assert!(now >= 0, "reference count of an in-memory node below zero");
+            assert!(
+                now >= 0,
+                "reference count of an in-memory node below zero ({now})"
+            );
             match u32::try_from(now) {
                 Ok(n) if n > 1 => {
                     self.mem.insert(id, (node, n));

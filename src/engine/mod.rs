@@ -22,10 +22,10 @@ mod view;
 pub(crate) use apply::{apply_op, apply_record, create_version, drop_step, drop_version, Changes};
 pub(crate) use view::{View, ViewRegistry};
 
+use crate::btree::cache::PageCache;
 use crate::btree::node::Node;
 use crate::btree::refcount::RefCounts;
 use crate::btree::Loader;
-use crate::btree::cache::PageCache;
 use crate::catalog::Catalog;
 use crate::error::{Error, Result};
 use crate::format::{BlockRef, Lsn};
@@ -171,13 +171,24 @@ impl Shared {
     /// for the lock and again once it is held (a checkpoint may have failed meanwhile).
     pub(crate) fn lock_writer_checked(&self) -> Result<MutexGuard<'_, WriterState>> {
         self.check_writable()?;
-        let w = lock(&self.writer);
+        let w = self.lock_writer();
         self.check_writable()?;
         Ok(w)
     }
 
+    /// The writer lock. If a writer panicked while holding it (a broken invariant),
+    /// the writer state may be half-changed: the store is poisoned, so it takes no
+    /// more writes, and reopening recovers the last durable state.
     pub(crate) fn lock_writer(&self) -> MutexGuard<'_, WriterState> {
-        lock(&self.writer)
+        match self.writer.lock() {
+            Ok(w) => w,
+            Err(poisoned) => {
+                self.poison(&Error::InvalidArgument(
+                    "an internal check failed while writing; reopen the store".into(),
+                ));
+                poisoned.into_inner()
+            }
+        }
     }
 
     /// A view of the writer's current roots at its last LSN.
