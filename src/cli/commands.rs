@@ -1,10 +1,10 @@
 //! The subcommands other than `tour`.
 
 use super::args::ScanArgs;
-use super::codec::{human_bytes, prefix_successor, Encoding};
+use super::codec::{human_bytes, Encoding};
 use super::error::{exit_code_for, output_error, CliError, EXIT_VERIFY_PROBLEMS};
 use super::Ctx;
-use cambium::{Durability, Options, Store, WriteTxn};
+use cambium::{check_key, prefix_successor, Durability, Options, Store, WriteTxn};
 use serde::Serialize;
 use std::io::{BufRead, IsTerminal, Write};
 use std::ops::Bound;
@@ -79,18 +79,6 @@ fn read_view(store: &Store, at: Option<&str>) -> CliResult<cambium::ReadTxn> {
         Some(v) => store.read_at(v)?,
         None => store.read()?,
     })
-}
-
-/// Checks a key the way the library does, so reads report bad keys the same way
-/// writes do.
-fn check_key(key: &[u8]) -> Result<(), cambium::Error> {
-    if key.is_empty() || key.len() > cambium::MAX_KEY_LEN {
-        return Err(cambium::Error::KeyTooLarge {
-            len: key.len(),
-            max: cambium::MAX_KEY_LEN,
-        });
-    }
-    Ok(())
 }
 
 /// A key/value pair printed as JSON.
