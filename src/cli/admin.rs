@@ -3,23 +3,17 @@
 
 use super::codec::human_bytes;
 use super::error::{output_error, CliError, CliResult, EXIT_VERIFY_PROBLEMS};
-use super::open::{open_read_only, open_writable};
+use super::open::{create, open_read_only, open_writable};
 use super::output::{plural, print_json};
 use super::Ctx;
-use cambium::{Options, Stats, Store, VerifyReport};
+use cambium::{Stats, Store, VerifyReport};
 use serde::Serialize;
 use std::io::{IsTerminal, Write};
 use std::path::Path;
 
 /// `cambium init DIR`
 pub fn init(dir: &Path) -> CliResult {
-    let store = Store::create_with(
-        dir,
-        Options {
-            background_checkpoints: false,
-            ..Default::default()
-        },
-    )?;
+    let store = create(dir)?;
     store.close()?;
     Ok(())
 }

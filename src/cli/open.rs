@@ -1,5 +1,6 @@
-//! Opening a store for a command: read-only or writable, and the version to read or
-//! write in it (a write transaction on a branch, a read view of a version).
+//! Opening a store for a command: creating one, opening one read-only or writable,
+//! and the version to read or write in it (a write transaction on a branch, a read
+//! view of a version).
 
 use super::error::{exit_code_for, CliError, CliResult};
 use cambium::{Options, ReadTxn, Store, WriteTxn};
@@ -20,13 +21,20 @@ pub fn open_read_only(dir: &Path) -> Result<Store, cambium::Error> {
 /// Opens a store for writing, without a background checkpoint thread (the command
 /// checkpoints when it closes the store).
 pub fn open_writable(dir: &Path) -> Result<Store, cambium::Error> {
-    Store::open_with(
-        dir,
-        Options {
-            background_checkpoints: false,
-            ..Default::default()
-        },
-    )
+    Store::open_with(dir, writable())
+}
+
+/// Creates a new, empty store, open for writing like [`open_writable`].
+pub fn create(dir: &Path) -> Result<Store, cambium::Error> {
+    Store::create_with(dir, writable())
+}
+
+/// The options a command writes with: no background checkpoint thread.
+fn writable() -> Options {
+    Options {
+        background_checkpoints: false,
+        ..Default::default()
+    }
 }
 
 /// Opens the store for writing, runs `f`, and closes the store (which checkpoints).
