@@ -102,6 +102,34 @@ pub fn versions(ctx: &Ctx, out: &mut impl Write, dir: &Path) -> CliResult {
 /// Lays the versions out as a tree, each under the version it was made from (in the
 /// order they were made), with aligned columns under a header line.
 pub fn render_tree(list: &[VersionInfo]) -> String {
+    let header = [
+        "VERSION",
+        "KIND",
+        "CREATED",
+        "REFERENCED",
+        "EXCLUSIVE",
+        "KEYS",
+    ];
+    let cells: Vec<[String; 6]> = tree_labels(list)
+        .into_iter()
+        .map(|(label, i)| {
+            let v = &list[i];
+            [
+                label,
+                v.kind.to_string(),
+                human_time_utc(v.created_unix_ms),
+                human_bytes(v.referenced_bytes),
+                human_bytes(v.exclusive_bytes),
+                v.keys.to_string(),
+            ]
+        })
+        .collect();
+    align_columns(header, &cells)
+}
+
+/// The versions in tree order, each with its label: its name after `tree`-style
+/// branch lines.
+fn tree_labels(list: &[VersionInfo]) -> Vec<(String, usize)> {
     // Children by parent index; a version whose parent is not listed is a root.
     let index: HashMap<u32, usize> = list.iter().enumerate().map(|(i, v)| (v.id, i)).collect();
     let mut children: Vec<Vec<usize>> = vec![Vec::new(); list.len()];
@@ -144,31 +172,14 @@ pub fn render_tree(list: &[VersionInfo]) -> String {
             stack.push((c, child_indent.clone(), Some(n + 1 == kids.len())));
         }
     }
+    rows
+}
 
-    let header = [
-        "VERSION",
-        "KIND",
-        "CREATED",
-        "REFERENCED",
-        "EXCLUSIVE",
-        "KEYS",
-    ];
-    let cells: Vec<[String; 6]> = rows
-        .into_iter()
-        .map(|(label, i)| {
-            let v = &list[i];
-            [
-                label,
-                v.kind.to_string(),
-                human_time_utc(v.created_unix_ms),
-                human_bytes(v.referenced_bytes),
-                human_bytes(v.exclusive_bytes),
-                v.keys.to_string(),
-            ]
-        })
-        .collect();
+/// The header and the rows as text, columns two spaces apart: names, kinds and times
+/// aligned left, numbers right.
+fn align_columns(header: [&str; 6], cells: &[[String; 6]]) -> String {
     let mut width = header.map(|h| h.chars().count());
-    for row in &cells {
+    for row in cells {
         for (w, c) in width.iter_mut().zip(row) {
             *w = (*w).max(c.chars().count());
         }
@@ -194,15 +205,8 @@ pub fn render_tree(list: &[VersionInfo]) -> String {
         text.push('\n');
     };
     line(header);
-    for row in &cells {
-        line([
-            row[0].as_str(),
-            row[1].as_str(),
-            row[2].as_str(),
-            row[3].as_str(),
-            row[4].as_str(),
-            row[5].as_str(),
-        ]);
+    for row in cells {
+        line(row.each_ref().map(String::as_str));
     }
     text
 }
