@@ -3,7 +3,7 @@
 
 use super::codec::human_bytes;
 use super::error::{output_error, CliError, CliResult};
-use super::output::print_json;
+use super::output::{plural, print_json};
 use super::Ctx;
 use cambium::{Change, Durability, Store, VersionInfo};
 use serde::Serialize;
@@ -233,10 +233,7 @@ fn run_tour(
     // 3. Durable single-key commits.
     let t = Instant::now();
     for c in 0..SMALL_COMMITS {
-        store.put(
-            format!("counter/{c:03}").as_bytes(),
-            c.to_string().as_bytes(),
-        )?;
+        store.put(&counter_key(c), c.to_string().as_bytes())?;
     }
     let commit_secs = secs(t);
     let avg_ms = commit_secs * 1000.0 / SMALL_COMMITS as f64;
@@ -377,11 +374,7 @@ fn run_tour(
     say(format!(
         "8. Closed the store, reopened it ({reopened_keys} keys, as before) and verified it: clean \
          ({}, {} nodes, {} extents, {} checked in {verify_secs:.2} s).\n",
-        if verify.versions == 1 {
-            "1 version".to_string()
-        } else {
-            format!("{} versions", verify.versions)
-        },
+        plural(verify.versions, "version", "versions"),
         verify.nodes,
         verify.extents,
         human_bytes(verify.bytes),
