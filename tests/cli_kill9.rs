@@ -5,12 +5,16 @@
 //! with the right values, and `cambium verify` must pass. Each round continues on the
 //! store the previous round crashed, so recovery of a recovered store is exercised too.
 
+mod cli_common;
+mod common;
+
+use cli_common::{ok, run, s, BIN};
+use common::Rng;
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-const BIN: &str = env!("CARGO_BIN_EXE_cambium");
 const COMMIT_EVERY: u64 = 100;
 const OPS_PER_ROUND: u64 = 200_000;
 
@@ -32,32 +36,9 @@ fn value(i: u64) -> String {
     format!("v{i}-{}", fill.to_string().repeat(pad))
 }
 
-/// A small deterministic generator for the kill points (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-    }
-}
-
 /// Reads the whole store with `cambium scan`, as (key, value) lines.
 fn scan(dir: &Path) -> Vec<(String, String)> {
-    let out = Command::new(BIN)
-        .args(["scan", dir.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "scan failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
+    ok(run(&["scan", s(dir)]))
         .lines()
         .map(|l| {
             let (k, v) = l.split_once('\t').expect("key<TAB>value");
@@ -66,30 +47,18 @@ fn scan(dir: &Path) -> Vec<(String, String)> {
         .collect()
 }
 
+/// `cambium verify`, which must find the store clean.
+#[track_caller]
 fn verify(dir: &Path) {
-    let out = Command::new(BIN)
-        .args(["verify", dir.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "verify after a crash failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = ok(run(&["verify", s(dir)]));
+    assert!(out.ends_with("clean\n"), "verify after a crash: {out}");
 }
 
 /// One round: feeds ops `start..start + OPS_PER_ROUND`, kills the writer after it has
 /// acknowledged `kill_after` commits, and returns the number of acknowledged ops.
 fn crash_round(dir: &Path, start: u64, kill_after: u64) -> u64 {
     let mut child = Command::new(BIN)
-        .args([
-            "batch",
-            dir.to_str().unwrap(),
-            "--commit-every",
-            &COMMIT_EVERY.to_string(),
-        ])
+        .args(["batch", s(dir), "--commit-every", &COMMIT_EVERY.to_string()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -140,19 +109,14 @@ fn crash_round(dir: &Path, start: u64, kill_after: u64) -> u64 {
 fn kill9_during_batch_keeps_a_committed_prefix() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("store");
-    let init = Command::new(BIN)
-        .args(["init", dir.to_str().unwrap()])
-        .status()
-        .unwrap();
-    assert!(init.success());
+    assert_eq!(ok(run(&["init", s(&dir)])), "");
 
     let seed = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
-        .as_nanos() as u64
-        | 1;
+        .as_nanos() as u64;
     eprintln!("kill9 seed {seed}");
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
 
     let mut present = 0; // keys 0..present are in the store
     for round in 0..3 {
@@ -184,11 +148,11 @@ fn kill9_during_batch_keeps_a_committed_prefix() {
         if round == 0 {
             // Later rounds crash on top of a checkpointed state (round 1) and on top of
             // a recovered, un-checkpointed WAL (round 2).
-            let st = Command::new(BIN)
-                .args(["checkpoint", dir.to_str().unwrap()])
-                .status()
-                .unwrap();
-            assert!(st.success(), "checkpoint after a crash");
+            assert_eq!(
+                ok(run(&["checkpoint", s(&dir)])),
+                "",
+                "checkpoint after a crash"
+            );
             verify(&dir);
         }
         present = m;

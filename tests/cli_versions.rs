@@ -2,128 +2,13 @@
 //! `branch`, `versions`, `drop`, `diff`, and `--at` / `--branch` on the data
 //! commands): exact stdout, stderr and exit codes.
 
+mod cli_common;
+
+use cli_common::{fails, ok, run, s, usage_error, TestStore};
 use serde_json::Value;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
 
-const BIN: &str = env!("CARGO_BIN_EXE_cambium");
-
-/// Runs the binary with `args` and no stdin.
-fn run(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("spawn cambium")
-}
-
-/// Runs the binary with `args`, feeding `input` on stdin.
-fn run_stdin(args: &[&str], input: &[u8]) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn cambium");
-    let mut stdin = child.stdin.take().unwrap();
-    let input = input.to_vec();
-    let writer = std::thread::spawn(move || {
-        let _ = stdin.write_all(&input);
-    });
-    let out = child.wait_with_output().expect("wait for cambium");
-    writer.join().unwrap();
-    out
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// Asserts success and returns stdout.
-#[track_caller]
-fn ok(o: Output) -> String {
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "expected success; stdout: {:?}; stderr: {:?}",
-        stdout(&o),
-        stderr(&o)
-    );
-    assert_eq!(stderr(&o), "", "no stderr on success");
-    stdout(&o)
-}
-
-/// Asserts exit `code`, nothing on stdout, and a one-line `cambium: error: ...`
-/// message on stderr containing every needle; returns the message.
-#[track_caller]
-fn fails(o: Output, code: i32, needles: &[&str]) -> String {
-    let err = stderr(&o);
-    assert_eq!(
-        o.status.code(),
-        Some(code),
-        "expected exit {code}; stdout: {:?}; stderr: {err:?}",
-        stdout(&o)
-    );
-    assert_eq!(stdout(&o), "", "no stdout on failure");
-    assert!(
-        err.starts_with("cambium: error: ") && err.ends_with('\n') && err.lines().count() == 1,
-        "expected one `cambium: error:` line, got {err:?}"
-    );
-    for needle in needles {
-        assert!(err.contains(needle), "stderr {err:?} lacks {needle:?}");
-    }
-    err
-}
-
-/// Asserts a clap usage error (exit 2, message on stderr, nothing on stdout).
-#[track_caller]
-fn usage_error(o: Output) {
-    assert_eq!(
-        o.status.code(),
-        Some(2),
-        "expected usage error; stdout: {:?}; stderr: {:?}",
-        stdout(&o),
-        stderr(&o)
-    );
-    assert_eq!(stdout(&o), "");
-    assert!(stderr(&o).contains("error"), "stderr: {:?}", stderr(&o));
-}
-
-struct TestStore {
-    _tmp: tempfile::TempDir,
-    dir: PathBuf,
-}
-
+/// Helpers for the version commands.
 impl TestStore {
-    fn new() -> TestStore {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("store");
-        assert_eq!(ok(run(&["init", s(&dir)])), "");
-        TestStore { _tmp: tmp, dir }
-    }
-
-    fn d(&self) -> &str {
-        s(&self.dir)
-    }
-
-    /// Runs `cambium <cmd> DIR <rest...>`.
-    fn run(&self, cmd: &str, rest: &[&str]) -> Output {
-        let mut args = vec![cmd, self.d()];
-        args.extend_from_slice(rest);
-        run(&args)
-    }
-
-    /// `put` on `main`.
-    fn put(&self, k: &str, v: &str) {
-        assert_eq!(ok(self.run("put", &[k, v])), "");
-    }
-
     /// `put --branch`.
     fn put_on(&self, branch: &str, k: &str, v: &str) {
         assert_eq!(ok(self.run("put", &[k, v, "--branch", branch])), "");
@@ -134,15 +19,9 @@ impl TestStore {
         assert_eq!(ok(self.run("del", &[k, "--branch", branch])), "");
     }
 
-    fn batch(&self, rest: &[&str], input: &str) -> Output {
-        let mut args = vec!["batch", self.d()];
-        args.extend_from_slice(rest);
-        run_stdin(&args, input.as_bytes())
-    }
-
     /// `scan --at VERSION`.
     fn scan_at(&self, version: &str) -> String {
-        ok(self.run("scan", &["--at", version]))
+        self.scan(&["--at", version])
     }
 
     /// `get KEY --at VERSION`.
@@ -208,10 +87,6 @@ impl TestStore {
         let out = ok(self.run("verify", &[]));
         assert!(out.ends_with("clean\n"), "{out}");
     }
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 temp path")
 }
 
 /// A store whose main holds a=1, b=2, c=3.

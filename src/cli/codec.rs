@@ -133,19 +133,6 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
     (y, m, d)
 }
 
-/// The smallest byte string greater than every string starting with `prefix`, or
-/// `None` when there is none (the prefix is empty or all 0xff bytes).
-pub fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
-    let mut s = prefix.to_vec();
-    while let Some(last) = s.pop() {
-        if last != 0xff {
-            s.push(last + 1);
-            return Some(s);
-        }
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,13 +162,5 @@ mod tests {
         assert_eq!(human_time_utc(1_709_251_199_999), "2024-02-29 23:59:59 UTC");
         assert_eq!(human_time_utc(1_735_689_600_000), "2025-01-01 00:00:00 UTC");
         assert_eq!(human_time_utc(4_102_444_800_000), "2100-01-01 00:00:00 UTC");
-    }
-
-    #[test]
-    fn successor() {
-        assert_eq!(prefix_successor(b"ab"), Some(b"ac".to_vec()));
-        assert_eq!(prefix_successor(b"a\xff"), Some(b"b".to_vec()));
-        assert_eq!(prefix_successor(b"\xff\xff"), None);
-        assert_eq!(prefix_successor(b""), None);
     }
 }

@@ -31,6 +31,9 @@ Exit codes:
   4  verify found problems
   5  the store is corrupted (a checksum or structure check failed)";
 
+/// What a command returns: its value, or the failure to report.
+pub type CliResult<T = ()> = Result<T, CliError>;
+
 /// A failure to report: a one-line message on stderr and an exit code.
 #[derive(Debug)]
 pub struct CliError {

@@ -6,17 +6,21 @@
 //! not a store, unsupported format version, I/O), 4 `verify` found problems, 5
 //! corruption.
 
-mod args;
-mod codec;
-mod commands;
-mod error;
-mod tour;
-mod versions;
+mod admin; // init, checkpoint, stats, verify
+mod args; // the command line, as clap parses it
+mod batch; // batch: operations from stdin
+mod codec; // key and value text <-> bytes; sizes and times for people
+mod data; // put, get, del, scan
+mod error; // CliError and the exit codes
+mod open; // opening a store, a branch to write, a version to read
+mod output; // printing pairs, JSON, counts, the spinner
+mod tour; // tour: the guided walk
+mod versions; // snapshot, branch, versions, drop, diff
 
 use args::{Cli, Command};
 use clap::Parser;
 use codec::Encoding;
-use error::{output_error, CliError, EXIT_OK};
+use error::{output_error, CliResult, EXIT_OK};
 use std::io::Write;
 
 /// Settings shared by every command.
@@ -48,7 +52,7 @@ pub fn run() -> i32 {
     }
 }
 
-fn dispatch(cli: Cli) -> Result<(), CliError> {
+fn dispatch(cli: Cli) -> CliResult {
     let ctx = Ctx {
         enc: if cli.hex {
             Encoding::Hex
@@ -60,16 +64,16 @@ fn dispatch(cli: Cli) -> Result<(), CliError> {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let result = match &cli.command {
-        Command::Init { dir } => commands::init(dir),
+        Command::Init { dir } => admin::init(dir),
         Command::Put {
             dir,
             key,
             value,
             branch,
-        } => commands::put(&ctx, dir, key, value, branch),
-        Command::Get { dir, key, at } => commands::get(&ctx, &mut out, dir, key, at.as_deref()),
-        Command::Del { dir, key, branch } => commands::del(&ctx, dir, key, branch),
-        Command::Scan(a) => commands::scan(&ctx, &mut out, a),
+        } => data::put(&ctx, dir, key, value, branch),
+        Command::Get { dir, key, at } => data::get(&ctx, &mut out, dir, key, at.as_deref()),
+        Command::Del { dir, key, branch } => data::del(&ctx, dir, key, branch),
+        Command::Scan(a) => data::scan(&ctx, &mut out, a),
         Command::Batch {
             dir,
             branch,
@@ -77,11 +81,11 @@ fn dispatch(cli: Cli) -> Result<(), CliError> {
         } => {
             let stdin = std::io::stdin();
             let input = std::io::BufReader::with_capacity(1 << 16, stdin.lock());
-            commands::batch(&ctx, &mut out, input, dir, branch, *commit_every)
+            batch::batch(&ctx, &mut out, input, dir, branch, *commit_every)
         }
-        Command::Checkpoint { dir } => commands::checkpoint(dir),
-        Command::Stats { dir } => commands::stats(&ctx, &mut out, dir),
-        Command::Verify { dir } => commands::verify(&ctx, &mut out, dir),
+        Command::Checkpoint { dir } => admin::checkpoint(dir),
+        Command::Stats { dir } => admin::stats(&ctx, &mut out, dir),
+        Command::Verify { dir } => admin::verify(&ctx, &mut out, dir),
         Command::Snapshot { dir, source, name } => {
             versions::snapshot(&ctx, &mut out, dir, source, name)
         }

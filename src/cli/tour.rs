@@ -2,7 +2,8 @@
 //! new users at. It uses only the public library API, with default options.
 
 use super::codec::human_bytes;
-use super::error::{output_error, CliError};
+use super::error::{output_error, CliError, CliResult};
+use super::output::{plural, print_json};
 use super::Ctx;
 use cambium::{Change, Durability, Store, VersionInfo};
 use serde::Serialize;
@@ -47,7 +48,7 @@ struct TempDir {
 }
 
 impl TempDir {
-    fn new(keep: bool) -> Result<TempDir, CliError> {
+    fn new(keep: bool) -> CliResult<TempDir> {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
@@ -119,10 +120,10 @@ fn mismatch(what: String) -> CliError {
 }
 
 /// `cambium tour [--keys N] [--keep]`
-pub fn tour(ctx: &Ctx, out: &mut impl Write, keys: u64, keep: bool) -> Result<(), CliError> {
+pub fn tour(ctx: &Ctx, out: &mut impl Write, keys: u64, keep: bool) -> CliResult {
     let tmp = TempDir::new(keep)?;
     let dir = tmp.path.join("store");
-    let mut say = |line: String| -> Result<(), CliError> {
+    let mut say = |line: String| -> CliResult {
         if !ctx.json {
             writeln!(out, "{line}").map_err(output_error)?;
             out.flush().map_err(output_error)?;
@@ -147,12 +148,13 @@ pub fn tour(ctx: &Ctx, out: &mut impl Write, keys: u64, keep: bool) -> Result<()
         )
     })?;
     if ctx.json {
-        let line = serde_json::to_string(&Summary {
-            kept: keep,
-            ..summary
-        })
-        .map_err(|e| CliError::failure(e.to_string()))?;
-        writeln!(out, "{line}").map_err(output_error)?;
+        print_json(
+            out,
+            &Summary {
+                kept: keep,
+                ..summary
+            },
+        )?;
     }
     Ok(())
 }
@@ -178,8 +180,8 @@ fn rate(n: u64, s: f64) -> String {
 fn run_tour(
     dir: &Path,
     keys: u64,
-    say: &mut impl FnMut(String) -> Result<(), CliError>,
-) -> Result<Summary, CliError> {
+    say: &mut impl FnMut(String) -> CliResult,
+) -> CliResult<Summary> {
     say(
         "cambium tour: an embedded, crash-safe, copy-on-write key-value store, step by step.\n"
             .into(),
@@ -231,10 +233,7 @@ fn run_tour(
     // 3. Durable single-key commits.
     let t = Instant::now();
     for c in 0..SMALL_COMMITS {
-        store.put(
-            format!("counter/{c:03}").as_bytes(),
-            c.to_string().as_bytes(),
-        )?;
+        store.put(&counter_key(c), c.to_string().as_bytes())?;
     }
     let commit_secs = secs(t);
     let avg_ms = commit_secs * 1000.0 / SMALL_COMMITS as f64;
@@ -375,11 +374,7 @@ fn run_tour(
     say(format!(
         "8. Closed the store, reopened it ({reopened_keys} keys, as before) and verified it: clean \
          ({}, {} nodes, {} extents, {} checked in {verify_secs:.2} s).\n",
-        if verify.versions == 1 {
-            "1 version".to_string()
-        } else {
-            format!("{} versions", verify.versions)
-        },
+        plural(verify.versions, "version", "versions"),
         verify.nodes,
         verify.extents,
         human_bytes(verify.bytes),
@@ -414,8 +409,8 @@ fn ms(t: Instant) -> f64 {
 fn tour_versions(
     store: &Store,
     keys_main: u64,
-    say: &mut impl FnMut(String) -> Result<(), CliError>,
-) -> Result<VersionsSummary, CliError> {
+    say: &mut impl FnMut(String) -> CliResult,
+) -> CliResult<VersionsSummary> {
     let main = cambium::MAIN_BRANCH;
 
     // A snapshot, then changes to main.

@@ -1,32 +1,15 @@
 //! The version commands: `snapshot`, `branch`, `versions`, `drop` and `diff`.
 
 use super::codec::{human_bytes, human_time_utc};
-use super::commands::{check_name, open_read_only, open_writable, print_json};
-use super::error::{output_error, CliError};
+use super::error::{output_error, CliError, CliResult};
+use super::open::{check_name, open_read_only, with_writable};
+use super::output::{print_json, print_key_value};
 use super::Ctx;
-use cambium::{Change, Store, VersionInfo, VersionKind};
+use cambium::{Change, VersionInfo, VersionKind};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
-
-type CliResult<T = ()> = Result<T, CliError>;
-
-/// Opens the store for writing, runs `f`, and closes the store (which checkpoints).
-/// When `f` fails its error is the one reported, and the store is still closed.
-fn with_writable<T>(dir: &Path, f: impl FnOnce(&Store) -> CliResult<T>) -> CliResult<T> {
-    let store = open_writable(dir)?;
-    match f(&store) {
-        Ok(v) => {
-            store.close()?;
-            Ok(v)
-        }
-        Err(e) => {
-            let _ = store.close();
-            Err(e)
-        }
-    }
-}
 
 /// Makes a snapshot or a branch, then prints what it made: a short line, or with
 /// `--json` the new version as `versions --json` lists it.
@@ -119,6 +102,34 @@ pub fn versions(ctx: &Ctx, out: &mut impl Write, dir: &Path) -> CliResult {
 /// Lays the versions out as a tree, each under the version it was made from (in the
 /// order they were made), with aligned columns under a header line.
 pub fn render_tree(list: &[VersionInfo]) -> String {
+    let header = [
+        "VERSION",
+        "KIND",
+        "CREATED",
+        "REFERENCED",
+        "EXCLUSIVE",
+        "KEYS",
+    ];
+    let cells: Vec<[String; 6]> = tree_labels(list)
+        .into_iter()
+        .map(|(label, i)| {
+            let v = &list[i];
+            [
+                label,
+                v.kind.to_string(),
+                human_time_utc(v.created_unix_ms),
+                human_bytes(v.referenced_bytes),
+                human_bytes(v.exclusive_bytes),
+                v.keys.to_string(),
+            ]
+        })
+        .collect();
+    align_columns(header, &cells)
+}
+
+/// The versions in tree order, each with its label: its name after `tree`-style
+/// branch lines.
+fn tree_labels(list: &[VersionInfo]) -> Vec<(String, usize)> {
     // Children by parent index; a version whose parent is not listed is a root.
     let index: HashMap<u32, usize> = list.iter().enumerate().map(|(i, v)| (v.id, i)).collect();
     let mut children: Vec<Vec<usize>> = vec![Vec::new(); list.len()];
@@ -161,31 +172,14 @@ pub fn render_tree(list: &[VersionInfo]) -> String {
             stack.push((c, child_indent.clone(), Some(n + 1 == kids.len())));
         }
     }
+    rows
+}
 
-    let header = [
-        "VERSION",
-        "KIND",
-        "CREATED",
-        "REFERENCED",
-        "EXCLUSIVE",
-        "KEYS",
-    ];
-    let cells: Vec<[String; 6]> = rows
-        .into_iter()
-        .map(|(label, i)| {
-            let v = &list[i];
-            [
-                label,
-                v.kind.to_string(),
-                human_time_utc(v.created_unix_ms),
-                human_bytes(v.referenced_bytes),
-                human_bytes(v.exclusive_bytes),
-                v.keys.to_string(),
-            ]
-        })
-        .collect();
+/// The header and the rows as text, columns two spaces apart: names, kinds and times
+/// aligned left, numbers right.
+fn align_columns(header: [&str; 6], cells: &[[String; 6]]) -> String {
     let mut width = header.map(|h| h.chars().count());
-    for row in &cells {
+    for row in cells {
         for (w, c) in width.iter_mut().zip(row) {
             *w = (*w).max(c.chars().count());
         }
@@ -211,15 +205,8 @@ pub fn render_tree(list: &[VersionInfo]) -> String {
         text.push('\n');
     };
     line(header);
-    for row in &cells {
-        line([
-            row[0].as_str(),
-            row[1].as_str(),
-            row[2].as_str(),
-            row[3].as_str(),
-            row[4].as_str(),
-            row[5].as_str(),
-        ]);
+    for row in cells {
+        line(row.each_ref().map(String::as_str));
     }
     text
 }
@@ -246,35 +233,30 @@ pub fn diff(
     check_name(b)?;
     let store = open_read_only(dir)?;
     for change in store.diff(a, b)? {
-        let change = change?;
-        let (op, value) = match &change {
-            Change::Added { value, .. } => ("+", Some(value.as_slice())),
-            Change::Removed { .. } => ("-", None),
-            Change::Changed { new, .. } => ("~", Some(new.as_slice())),
-        };
-        let value = if keys_only { None } else { value };
-        if ctx.json {
-            print_json(
-                out,
-                &JsonChange {
-                    op,
-                    key: ctx.enc.json_string(change.key()),
-                    value: value.map(|v| ctx.enc.json_string(v)),
-                },
-            )?;
-        } else {
-            out.write_all(op.as_bytes()).map_err(output_error)?;
-            out.write_all(b" ").map_err(output_error)?;
-            out.write_all(&ctx.enc.encode(change.key()))
-                .map_err(output_error)?;
-            if let Some(v) = value {
-                out.write_all(b" ").map_err(output_error)?;
-                out.write_all(&ctx.enc.encode(v)).map_err(output_error)?;
-            }
-            out.write_all(b"\n").map_err(output_error)?;
-        }
+        print_change(ctx, out, &change?, keys_only)?;
     }
     Ok(())
+}
+
+/// Prints one change as a line: `+ KEY VALUE`, `- KEY` or `~ KEY NEW-VALUE` (no
+/// values with `--keys-only`), or a JSON object with `--json`.
+fn print_change(ctx: &Ctx, out: &mut impl Write, change: &Change, keys_only: bool) -> CliResult {
+    let (op, value) = match change {
+        Change::Added { value, .. } => ("+", Some(value.as_slice())),
+        Change::Removed { .. } => ("-", None),
+        Change::Changed { new, .. } => ("~", Some(new.as_slice())),
+    };
+    let value = if keys_only { None } else { value };
+    if ctx.json {
+        let json = JsonChange {
+            op,
+            key: ctx.enc.json_string(change.key()),
+            value: value.map(|v| ctx.enc.json_string(v)),
+        };
+        return print_json(out, &json);
+    }
+    write!(out, "{op} ").map_err(output_error)?;
+    print_key_value(ctx, out, change.key(), value, b" ")
 }
 
 #[cfg(test)]

@@ -1,0 +1,216 @@
+//! `cambium batch`: puts and deletes read from stdin, one tab-separated operation a
+//! line, committed in one transaction or every N operations, each commit
+//! acknowledged on stdout.
+
+use super::codec::Encoding;
+use super::error::{exit_code_for, output_error, CliError, CliResult};
+use super::open::{begin, check_name, with_writable, Target};
+use super::output::spinner;
+use super::Ctx;
+use cambium::{check_key, Durability, Store, WriteTxn};
+use std::io::{BufRead, Write};
+use std::path::Path;
+
+/// `cambium batch DIR [--branch B] [--commit-every N]`
+pub fn batch(
+    ctx: &Ctx,
+    out: &mut impl Write,
+    input: impl BufRead,
+    dir: &Path,
+    branch: &str,
+    commit_every: Option<u64>,
+) -> CliResult {
+    check_name(branch)?;
+    // When the batch fails, its transaction is aborted when it is dropped and closing
+    // checkpoints only what was committed; the batch's error is the one reported.
+    with_writable(dir, |store| {
+        let pb = spinner("batch: operations applied");
+        let target = Target { dir, branch };
+        let result = run_batch(ctx, out, input, store, target, commit_every, &pb);
+        pb.finish_and_clear();
+        result
+    })
+}
+
+/// Applies every line of `input`, committing every `commit_every` operations and at
+/// the end (an empty batch commits, and says so, too).
+fn run_batch(
+    ctx: &Ctx,
+    out: &mut impl Write,
+    mut input: impl BufRead,
+    store: &Store,
+    target: Target<'_>,
+    commit_every: Option<u64>,
+    pb: &indicatif::ProgressBar,
+) -> CliResult {
+    let mut txn = begin_immediate(store, target)?;
+    let (mut total, mut pending, mut printed) = (0u64, 0u64, false);
+    let mut line_no: u64 = 0;
+    let mut buf = Vec::new();
+    while let Some(line) = next_line(&mut input, &mut buf)? {
+        line_no += 1;
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        apply_line(&mut txn, ctx.enc, line, line_no)?;
+        total += 1;
+        pending += 1;
+        pb.inc(1);
+        if commit_every.is_some_and(|n| pending >= n) {
+            txn.commit()?;
+            pending = 0;
+            print_committed(ctx, out, total)?;
+            printed = true;
+            txn = begin_immediate(store, target)?;
+        }
+    }
+    if pending > 0 || !printed {
+        txn.commit()?;
+        print_committed(ctx, out, total)?;
+    }
+    Ok(())
+}
+
+/// A write transaction whose commits are durable before they return, so that an
+/// acknowledgement on stdout means the operations are on disk.
+fn begin_immediate<'s>(store: &'s Store, target: Target<'_>) -> CliResult<WriteTxn<'s>> {
+    let mut txn = begin(store, target)?;
+    txn.set_durability(Durability::Immediate);
+    Ok(txn)
+}
+
+/// The next line of `input` without its line ending (`\n` or `\r\n`), read into
+/// `buf`; `None` at the end of the input.
+fn next_line<'b>(input: &mut impl BufRead, buf: &'b mut Vec<u8>) -> CliResult<Option<&'b [u8]>> {
+    buf.clear();
+    let n = input
+        .read_until(b'\n', buf)
+        .map_err(|e| CliError::failure(format!("reading stdin: {e}")))?;
+    if n == 0 {
+        return Ok(None);
+    }
+    let mut line = buf.as_slice();
+    if let Some(l) = line.strip_suffix(b"\n") {
+        line = l;
+    }
+    if let Some(l) = line.strip_suffix(b"\r") {
+        line = l;
+    }
+    Ok(Some(line))
+}
+
+/// Parses one non-blank line and applies it to `txn`; a failure names the line.
+fn apply_line(txn: &mut WriteTxn, enc: Encoding, line: &[u8], line_no: u64) -> CliResult {
+    let op = parse_batch_line(enc, line)
+        .map_err(|e| CliError::failure(format!("line {line_no}: {e}")))?;
+    let applied = match op {
+        Op::Put(k, v) => txn.put(&k, &v),
+        Op::Del(k) => txn.delete(&k).map(|_| ()),
+    };
+    applied.map_err(|e| CliError::new(exit_code_for(&e), format!("line {line_no}: {e}")))
+}
+
+/// Prints `committed N` (or `{"committed":N}`) and flushes, so a reader sees each
+/// acknowledgement as soon as the commit has returned.
+fn print_committed(ctx: &Ctx, out: &mut impl Write, ops: u64) -> CliResult {
+    if ctx.json {
+        writeln!(out, "{{\"committed\":{ops}}}").map_err(output_error)?;
+    } else {
+        writeln!(out, "committed {ops}").map_err(output_error)?;
+    }
+    out.flush().map_err(output_error)
+}
+
+/// One parsed batch line.
+#[derive(Debug, PartialEq, Eq)]
+enum Op {
+    Put(Vec<u8>, Vec<u8>),
+    Del(Vec<u8>),
+}
+
+/// Parses one non-blank batch line (without its line ending): `put<TAB>KEY<TAB>VALUE`
+/// or `del<TAB>KEY`.
+fn parse_batch_line(enc: Encoding, line: &[u8]) -> Result<Op, String> {
+    let text = std::str::from_utf8(line).map_err(|e| format!("not valid UTF-8 ({e})"))?;
+    let fields: Vec<&str> = text.split('\t').collect();
+    match fields[0] {
+        "put" => {
+            expect_fields(&fields, 3, "put, key, value")?;
+            let key = decode_key(enc, fields[1])?;
+            let value = enc
+                .decode(fields[2].as_bytes())
+                .map_err(|e| format!("bad value: {e}"))?;
+            Ok(Op::Put(key, value))
+        }
+        "del" => {
+            expect_fields(&fields, 2, "del, key")?;
+            Ok(Op::Del(decode_key(enc, fields[1])?))
+        }
+        other => Err(format!(
+            "unknown operation {other:?} (expected `put` or `del`)"
+        )),
+    }
+}
+
+/// Checks that an operation's line has its `n` fields, which `names` lists.
+fn expect_fields(fields: &[&str], n: usize, names: &str) -> Result<(), String> {
+    if fields.len() == n {
+        return Ok(());
+    }
+    Err(format!(
+        "`{}` takes {n} tab-separated fields ({names}), found {}",
+        fields[0],
+        fields.len()
+    ))
+}
+
+/// Decodes and checks a key field.
+fn decode_key(enc: Encoding, field: &str) -> Result<Vec<u8>, String> {
+    let key = enc
+        .decode(field.as_bytes())
+        .map_err(|e| format!("bad key: {e}"))?;
+    if key.is_empty() {
+        return Err("empty key".to_string());
+    }
+    check_key(&key).map_err(|e| e.to_string())?;
+    Ok(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_put_and_del() {
+        let parse = |line: &[u8]| parse_batch_line(Encoding::Text, line);
+        assert_eq!(
+            parse(b"put\tk\tv"),
+            Ok(Op::Put(b"k".to_vec(), b"v".to_vec()))
+        );
+        assert_eq!(parse(b"put\tk\t"), Ok(Op::Put(b"k".to_vec(), Vec::new())));
+        assert_eq!(parse(b"del\tk"), Ok(Op::Del(b"k".to_vec())));
+        let hex = parse_batch_line(Encoding::Hex, b"put\t00ff\t0a");
+        assert_eq!(hex, Ok(Op::Put(vec![0, 0xff], vec![0x0a])));
+    }
+
+    #[test]
+    fn explains_malformed_lines() {
+        let err = |line: &[u8]| parse_batch_line(Encoding::Text, line).unwrap_err();
+        assert_eq!(
+            err(b"put\tk"),
+            "`put` takes 3 tab-separated fields (put, key, value), found 2"
+        );
+        assert_eq!(
+            err(b"del\tk\tv"),
+            "`del` takes 2 tab-separated fields (del, key), found 3"
+        );
+        assert_eq!(
+            err(b"frob\tk"),
+            "unknown operation \"frob\" (expected `put` or `del`)"
+        );
+        assert_eq!(err(b"put\t\tv"), "empty key");
+        assert!(err(b"put\t\xff\tv").starts_with("not valid UTF-8"));
+        let long = format!("del\t{}", "k".repeat(cambium::MAX_KEY_LEN + 1));
+        assert!(err(long.as_bytes()).contains("2049"));
+    }
+}

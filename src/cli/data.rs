@@ -1,0 +1,137 @@
+//! The data commands on single keys and key ranges: `put`, `get`, `del` and `scan`.
+
+use super::args::ScanArgs;
+use super::error::{CliError, CliResult};
+use super::open::{check_at, check_name, open_read_only, read_view, write_one, Target};
+use super::output::{print_key_value, print_pair};
+use super::Ctx;
+use cambium::{check_key, prefix_successor};
+use std::io::Write;
+use std::ops::Bound;
+use std::path::Path;
+
+/// `cambium put DIR KEY VALUE [--branch B]`
+pub fn put(ctx: &Ctx, dir: &Path, key: &str, value: &str, branch: &str) -> CliResult {
+    let key = ctx.enc.decode_arg("key", key)?;
+    let value = ctx.enc.decode_arg("value", value)?;
+    check_key(&key)?;
+    check_name(branch)?;
+    write_one(Target { dir, branch }, |txn| txn.put(&key, &value))
+}
+
+/// `cambium get DIR KEY [--at VERSION]`
+pub fn get(ctx: &Ctx, out: &mut impl Write, dir: &Path, key: &str, at: Option<&str>) -> CliResult {
+    let key = ctx.enc.decode_arg("key", key)?;
+    check_key(&key)?;
+    check_at(at)?;
+    let store = open_read_only(dir)?;
+    let read = read_view(&store, at)?;
+    match read.get(&key)? {
+        Some(value) if ctx.json => print_pair(ctx, out, &key, Some(&value)),
+        Some(value) => print_key_value(ctx, out, &value, None, b""),
+        None => Err(key_not_found(ctx, &key)),
+    }
+}
+
+/// `cambium del DIR KEY [--branch B]`
+pub fn del(ctx: &Ctx, dir: &Path, key: &str, branch: &str) -> CliResult {
+    let key = ctx.enc.decode_arg("key", key)?;
+    check_key(&key)?;
+    check_name(branch)?;
+    let existed = write_one(Target { dir, branch }, |txn| txn.delete(&key))?;
+    if existed {
+        Ok(())
+    } else {
+        Err(key_not_found(ctx, &key))
+    }
+}
+
+/// Exit 1: `key not found: "KEY"`.
+fn key_not_found(ctx: &Ctx, key: &[u8]) -> CliError {
+    CliError::not_found(format!("key not found: {}", ctx.enc.show(key)))
+}
+
+/// The bounds of a scan.
+type Range = (Bound<Vec<u8>>, Bound<Vec<u8>>);
+
+/// `cambium scan DIR ...`
+pub fn scan(ctx: &Ctx, out: &mut impl Write, a: &ScanArgs) -> CliResult {
+    let (lower, upper) = scan_range(ctx, a)?;
+    check_at(a.at.as_deref())?;
+    let store = open_read_only(&a.dir)?;
+    let read = read_view(&store, a.at.as_deref())?;
+    if let (Bound::Included(l), Bound::Excluded(u)) = (&lower, &upper) {
+        if l >= u {
+            return Ok(()); // an empty range
+        }
+    }
+    let limit = usize::try_from(a.limit.unwrap_or(u64::MAX)).unwrap_or(usize::MAX);
+    let range = (
+        lower.as_ref().map(Vec::as_slice),
+        upper.as_ref().map(Vec::as_slice),
+    );
+    print_scan(ctx, out, read.range(range)?, a, limit)
+}
+
+/// The range `--prefix`, `--from` and `--to` ask for (bad hex in them is a usage
+/// error): from the prefix or `--from` up to the prefix's end, cut at `--to`.
+fn scan_range(ctx: &Ctx, a: &ScanArgs) -> CliResult<Range> {
+    let decode = |what: &str, s: &Option<String>| -> CliResult<Option<Vec<u8>>> {
+        s.as_deref()
+            .map(|s| ctx.enc.decode_arg(what, s))
+            .transpose()
+    };
+    let prefix = decode("prefix", &a.prefix)?;
+    let from = decode("--from key", &a.from)?;
+    let to = decode("--to key", &a.to)?;
+
+    let (lower, mut upper) = match (prefix, from) {
+        (Some(p), _) => {
+            let upper = prefix_successor(&p).map_or(Bound::Unbounded, Bound::Excluded);
+            (Bound::Included(p), upper)
+        }
+        (None, Some(f)) => (Bound::Included(f), Bound::Unbounded),
+        (None, None) => (Bound::Unbounded, Bound::Unbounded),
+    };
+    if let Some(t) = to {
+        upper = match upper {
+            Bound::Excluded(u) if u <= t => Bound::Excluded(u),
+            _ => Bound::Excluded(t),
+        };
+    }
+    Ok((lower, upper))
+}
+
+/// Prints up to `limit` keys (with `--keys-only`) or pairs, one a line, in key order
+/// or reversed.
+fn print_scan(
+    ctx: &Ctx,
+    out: &mut impl Write,
+    iter: cambium::Iter,
+    a: &ScanArgs,
+    limit: usize,
+) -> CliResult {
+    if a.keys_only {
+        for key in in_order(iter.keys(), a.reverse).take(limit) {
+            print_pair(ctx, out, &key?, None)?;
+        }
+    } else {
+        for pair in in_order(iter, a.reverse).take(limit) {
+            let (k, v) = pair?;
+            print_pair(ctx, out, &k, Some(&v))?;
+        }
+    }
+    Ok(())
+}
+
+/// The items of `iter`, reversed if asked.
+fn in_order<I>(iter: I, reverse: bool) -> Box<dyn Iterator<Item = I::Item>>
+where
+    I: DoubleEndedIterator + 'static,
+{
+    if reverse {
+        Box::new(iter.rev())
+    } else {
+        Box::new(iter)
+    }
+}

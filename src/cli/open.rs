@@ -1,0 +1,117 @@
+//! Opening a store for a command: creating one, opening one read-only or writable,
+//! and the version to read or write in it (a write transaction on a branch, a read
+//! view of a version).
+
+use super::error::{exit_code_for, CliError, CliResult};
+use cambium::{Options, ReadTxn, Store, WriteTxn};
+use std::path::Path;
+
+/// Opens a store for reading only (a shared lock; no background work).
+pub fn open_read_only(dir: &Path) -> Result<Store, cambium::Error> {
+    Store::open_with(
+        dir,
+        Options {
+            read_only: true,
+            background_checkpoints: false,
+            ..Default::default()
+        },
+    )
+}
+
+/// Opens a store for writing, without a background checkpoint thread (the command
+/// checkpoints when it closes the store).
+pub fn open_writable(dir: &Path) -> Result<Store, cambium::Error> {
+    Store::open_with(dir, writable())
+}
+
+/// Creates a new, empty store, open for writing like [`open_writable`].
+pub fn create(dir: &Path) -> Result<Store, cambium::Error> {
+    Store::create_with(dir, writable())
+}
+
+/// The options a command writes with: no background checkpoint thread.
+fn writable() -> Options {
+    Options {
+        background_checkpoints: false,
+        ..Default::default()
+    }
+}
+
+/// Opens the store for writing, runs `f`, and closes the store (which checkpoints).
+/// When `f` fails its error is the one reported, and the store is still closed.
+pub fn with_writable<T>(dir: &Path, f: impl FnOnce(&Store) -> CliResult<T>) -> CliResult<T> {
+    let store = open_writable(dir)?;
+    match f(&store) {
+        Ok(v) => {
+            store.close()?;
+            Ok(v)
+        }
+        Err(e) => {
+            let _ = store.close();
+            Err(e)
+        }
+    }
+}
+
+/// Where a writing command writes.
+#[derive(Clone, Copy)]
+pub struct Target<'a> {
+    /// The store directory (for messages).
+    pub dir: &'a Path,
+    /// The branch.
+    pub branch: &'a str,
+}
+
+/// Starts a write transaction on the target branch. A write to a snapshot fails
+/// (exit 3) with a hint on how to get a writable copy.
+pub fn begin<'s>(store: &'s Store, target: Target<'_>) -> CliResult<WriteTxn<'s>> {
+    let Target { dir, branch } = target;
+    let txn = if branch == cambium::MAIN_BRANCH {
+        store.begin_write()
+    } else {
+        store.begin_write_on(branch)
+    };
+    txn.map_err(|e| match e {
+        cambium::Error::ReadOnly(_) => CliError::new(
+            exit_code_for(&e),
+            format!(
+                "{e} (to write, make a branch of it: cambium branch {} {branch} NEW-NAME)",
+                dir.display()
+            ),
+        ),
+        e => e.into(),
+    })
+}
+
+/// Opens the store for writing, runs `f` in one transaction on the target branch,
+/// commits it and closes the store.
+pub fn write_one<T>(
+    target: Target<'_>,
+    f: impl FnOnce(&mut WriteTxn) -> cambium::Result<T>,
+) -> CliResult<T> {
+    let store = open_writable(target.dir)?;
+    let mut txn = begin(&store, target)?;
+    let v = f(&mut txn)?;
+    txn.commit()?;
+    store.close()?;
+    Ok(v)
+}
+
+/// Checks a version name given on the command line: a malformed one is a usage error
+/// (exit 2), whether it names a new version or an existing one.
+pub fn check_name(name: &str) -> CliResult {
+    cambium::check_version_name(name).map_err(CliError::from)
+}
+
+/// Checks the version named by `--at`, if one is.
+pub fn check_at(at: Option<&str>) -> CliResult {
+    at.map_or(Ok(()), check_name)
+}
+
+/// A consistent view of `at` (a branch or a snapshot), or of `main`.
+pub fn read_view(store: &Store, at: Option<&str>) -> CliResult<ReadTxn> {
+    Ok(match at {
+        Some(v) => store.read_at(v)?,
+        None => store.read()?,
+    })
+}
