@@ -32,6 +32,8 @@ mod catalog;
 mod checkpoint;
 mod error;
 mod format;
+#[cfg(test)]
+mod format_tests;
 pub mod io;
 mod limits;
 mod refcount;

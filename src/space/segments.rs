@@ -35,6 +35,22 @@ const _: () = assert!(OFF_SEGMENT_ID + size_of::<u32>() == OFF_RESERVED);
 const _: () = assert!(OFF_RESERVED + 12 == OFF_CRC);
 const _: () = assert!(OFF_CRC + size_of::<u32>() == HEADER_LEN);
 
+/// docs/FORMAT.md's segment header table, checked against the constants above.
+#[cfg(test)]
+#[test]
+fn header_layout_matches_format_md() {
+    crate::format_tests::check_layout(
+        "segment-header",
+        &[
+            ("magic", OFF_MAGIC),
+            ("format_version", OFF_FORMAT_VERSION),
+            ("segment_id", OFF_SEGMENT_ID),
+            ("reserved", OFF_RESERVED),
+            ("crc", OFF_CRC),
+        ],
+        HEADER_LEN,
+    );
+}
 /// A segment stops taking appends past this size. Big enough that a checkpoint is
 /// one long sequential write, small enough that an emptied segment returns its space.
 pub(crate) const SEGMENT_TARGET_BYTES: u64 = 64 << 20;

@@ -106,6 +106,24 @@ fn parse_at(data: &[u8], pos: usize, gen: u64) -> Option<(RecordHeader, &[u8])> 
     ))
 }
 
+/// docs/FORMAT.md's record header table, checked against the constants above.
+#[cfg(test)]
+#[test]
+fn header_layout_matches_format_md() {
+    crate::format_tests::check_layout(
+        "wal-record-header",
+        &[
+            ("len", OFF_LEN),
+            ("crc", OFF_CRC),
+            ("lsn", OFF_LSN),
+            ("synced_lsn", OFF_SYNCED_LSN),
+            ("kind", OFF_KIND),
+            ("reserved", OFF_RESERVED),
+        ],
+        RECORD_HEADER_SIZE,
+    );
+}
+
 /// Appends one operation to a batch payload under construction. The payload starts
 /// with `branch u32 | count u32`; the caller patches the count.
 pub(crate) fn encode_op(out: &mut Vec<u8>, op: &BatchOpRef<'_>) {
