@@ -33,6 +33,8 @@
 // Codec vocabulary, errors, limits, options, files.
 mod error;
 mod format;
+#[cfg(test)]
+mod format_tests;
 pub mod io;
 mod limits;
 mod options;

@@ -18,13 +18,46 @@
 
 use crate::error::{Error, Result};
 use crate::format::FORMAT_VERSION;
-use crate::format::{crc, put_u32, put_u64, BlockRef, Decoder, Lsn};
+use crate::format::{crc, len_u32, BlockRef, Decoder, Lsn};
 use crate::io::{VFile, Vfs};
 
 pub(crate) const FILE_NAME: &str = "superblock";
 pub(crate) const MAGIC: &[u8; 8] = b"CAMBIUM\0";
 pub(crate) const SLOT_SIZE: usize = 4096;
-const SLOT_USED: usize = 80;
+
+// Slot layout: the byte offset of each field. docs/FORMAT.md has the same table, and
+// `crate::format_tests` checks the two against each other.
+pub(crate) const OFF_MAGIC: usize = 0;
+pub(crate) const OFF_FORMAT_VERSION: usize = 8;
+pub(crate) const OFF_SLOT_LEN: usize = 12;
+pub(crate) const OFF_GENERATION: usize = 16;
+pub(crate) const OFF_CHECKPOINT_LSN: usize = 24;
+pub(crate) const OFF_WAL_GEN: usize = 32;
+pub(crate) const OFF_META: usize = 40;
+pub(crate) const OFF_RESERVED0: usize = 56;
+pub(crate) const OFF_RESERVED1: usize = 60;
+pub(crate) const OFF_CREATED_UNIX_MS: usize = 64;
+pub(crate) const OFF_RESERVED2: usize = 72;
+/// The checksum covers every byte before it.
+pub(crate) const OFF_CRC: usize = 76;
+/// Bytes of the slot in use (the value of the `slot_len` field); the rest is zero.
+pub(crate) const SLOT_USED: usize = 80;
+
+// The fields are contiguous, each as wide as its type, and fill exactly `SLOT_USED`.
+const _: () = assert!(OFF_MAGIC == 0);
+const _: () = assert!(OFF_MAGIC + MAGIC.len() == OFF_FORMAT_VERSION);
+const _: () = assert!(OFF_FORMAT_VERSION + size_of::<u32>() == OFF_SLOT_LEN);
+const _: () = assert!(OFF_SLOT_LEN + size_of::<u32>() == OFF_GENERATION);
+const _: () = assert!(OFF_GENERATION + size_of::<u64>() == OFF_CHECKPOINT_LSN);
+const _: () = assert!(OFF_CHECKPOINT_LSN + size_of::<u64>() == OFF_WAL_GEN);
+const _: () = assert!(OFF_WAL_GEN + size_of::<u64>() == OFF_META);
+const _: () = assert!(OFF_META + BlockRef::SIZE == OFF_RESERVED0);
+const _: () = assert!(OFF_RESERVED0 + size_of::<u32>() == OFF_RESERVED1);
+const _: () = assert!(OFF_RESERVED1 + size_of::<u32>() == OFF_CREATED_UNIX_MS);
+const _: () = assert!(OFF_CREATED_UNIX_MS + size_of::<u64>() == OFF_RESERVED2);
+const _: () = assert!(OFF_RESERVED2 + size_of::<u32>() == OFF_CRC);
+const _: () = assert!(OFF_CRC + size_of::<u32>() == SLOT_USED);
+const _: () = assert!(SLOT_USED <= SLOT_SIZE);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Superblock {
@@ -49,22 +82,28 @@ pub(crate) enum Slot {
 
 impl Superblock {
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(SLOT_SIZE);
-        b.extend_from_slice(MAGIC);
-        put_u32(&mut b, FORMAT_VERSION);
-        put_u32(&mut b, crate::format::len_u32(SLOT_USED));
-        put_u64(&mut b, self.generation);
-        put_u64(&mut b, self.checkpoint_lsn.0);
-        put_u64(&mut b, self.wal_gen);
-        self.meta.encode(&mut b);
-        put_u32(&mut b, 0);
-        put_u32(&mut b, 0);
-        put_u64(&mut b, self.created_unix_ms);
-        put_u32(&mut b, 0);
-        let c = crc(&b);
-        put_u32(&mut b, c);
-        debug_assert_eq!(b.len(), SLOT_USED);
-        b.resize(SLOT_SIZE, 0);
+        let mut b = vec![0u8; SLOT_SIZE];
+        put_at(&mut b, OFF_MAGIC, MAGIC);
+        put_at(&mut b, OFF_FORMAT_VERSION, &FORMAT_VERSION.to_le_bytes());
+        put_at(&mut b, OFF_SLOT_LEN, &len_u32(SLOT_USED).to_le_bytes());
+        put_at(&mut b, OFF_GENERATION, &self.generation.to_le_bytes());
+        put_at(
+            &mut b,
+            OFF_CHECKPOINT_LSN,
+            &self.checkpoint_lsn.0.to_le_bytes(),
+        );
+        put_at(&mut b, OFF_WAL_GEN, &self.wal_gen.to_le_bytes());
+        let mut meta = Vec::with_capacity(BlockRef::SIZE);
+        self.meta.encode(&mut meta);
+        put_at(&mut b, OFF_META, &meta);
+        // The reserved fields stay zero.
+        put_at(
+            &mut b,
+            OFF_CREATED_UNIX_MS,
+            &self.created_unix_ms.to_le_bytes(),
+        );
+        let c = crc(&b[..OFF_CRC]);
+        put_at(&mut b, OFF_CRC, &c.to_le_bytes());
         b
     }
 
@@ -76,37 +115,48 @@ impl Superblock {
     }
 
     fn try_decode(buf: &[u8]) -> Result<Slot> {
-        let mut d = Decoder::new(buf, "superblock");
-        if d.bytes(8)? != MAGIC {
+        if buf.get(OFF_MAGIC..OFF_FORMAT_VERSION) != Some(&MAGIC[..]) {
             return Ok(Slot::Invalid("bad magic".into()));
         }
-        let version = d.u32()?;
+        let version = u32_at(buf, OFF_FORMAT_VERSION)?;
         if version != FORMAT_VERSION {
             return Ok(Slot::OtherVersion(version));
         }
-        let used = d.u32()? as usize;
+        let used = u32_at(buf, OFF_SLOT_LEN)? as usize;
         if used != SLOT_USED {
             return Ok(Slot::Invalid(format!("slot length {used}")));
         }
-        let stored_crc = u32::from_le_bytes(buf[76..80].try_into().expect("4 bytes"));
-        if crc(&buf[..76]) != stored_crc {
+        let stored_crc = u32_at(buf, OFF_CRC)?;
+        if crc(&buf[..OFF_CRC]) != stored_crc {
             return Ok(Slot::Invalid("checksum mismatch".into()));
         }
-        let generation = d.u64()?;
-        let checkpoint_lsn = Lsn(d.u64()?);
-        let wal_gen = d.u64()?;
-        let meta = BlockRef::decode(&mut d)?;
-        d.u32()?;
-        d.u32()?;
-        let created_unix_ms = d.u64()?;
+        let meta = BlockRef::decode(&mut Decoder::new(
+            &buf[OFF_META..OFF_META + BlockRef::SIZE],
+            "superblock",
+        ))?;
         Ok(Slot::Valid(Superblock {
-            generation,
-            checkpoint_lsn,
-            wal_gen,
+            generation: u64_at(buf, OFF_GENERATION)?,
+            checkpoint_lsn: Lsn(u64_at(buf, OFF_CHECKPOINT_LSN)?),
+            wal_gen: u64_at(buf, OFF_WAL_GEN)?,
             meta,
-            created_unix_ms,
+            created_unix_ms: u64_at(buf, OFF_CREATED_UNIX_MS)?,
         }))
     }
+}
+
+/// Writes `bytes` into `buf` at `at`.
+fn put_at(buf: &mut [u8], at: usize, bytes: &[u8]) {
+    buf[at..at + bytes.len()].copy_from_slice(bytes);
+}
+
+/// The `u32` at `at`, or a corruption error when `buf` is too short.
+fn u32_at(buf: &[u8], at: usize) -> Result<u32> {
+    Decoder::new(buf.get(at..).unwrap_or_default(), "superblock").u32()
+}
+
+/// The `u64` at `at`, or a corruption error when `buf` is too short.
+fn u64_at(buf: &[u8], at: usize) -> Result<u64> {
+    Decoder::new(buf.get(at..).unwrap_or_default(), "superblock").u64()
 }
 
 /// Both slots of a superblock file, and the one to use.
@@ -227,7 +277,7 @@ mod tests {
     fn other_version_is_reported_as_such() {
         let mut buf = sample().encode();
         let other = FORMAT_VERSION + 1;
-        buf[8..12].copy_from_slice(&other.to_le_bytes());
+        buf[OFF_FORMAT_VERSION..OFF_SLOT_LEN].copy_from_slice(&other.to_le_bytes());
         assert!(matches!(Superblock::decode(&buf), Slot::OtherVersion(v) if v == other));
     }
 }

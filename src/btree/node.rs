@@ -25,7 +25,29 @@ use crate::limits::{INLINE_VALUE_MAX, MAX_KEY_LEN};
 use std::sync::{Arc, OnceLock};
 
 pub(crate) const NODE_MAGIC: u32 = u32::from_le_bytes(*b"CNOD");
+
+// Header layout: the byte offset of each field. docs/FORMAT.md has the same table, and
+// `crate::format_tests` checks the two against each other.
+pub(crate) const OFF_MAGIC: usize = 0;
+pub(crate) const OFF_CRC: usize = 4;
+pub(crate) const OFF_KIND: usize = 8;
+pub(crate) const OFF_LEVEL: usize = 9;
+pub(crate) const OFF_RESERVED: usize = 10;
+pub(crate) const OFF_COUNT: usize = 12;
+/// Entries follow the header.
 pub(crate) const HEADER_SIZE: usize = 16;
+/// The node's own checksum covers its bytes from here to the end.
+pub(crate) const CRC_FROM: usize = OFF_KIND;
+
+// The fields are contiguous, each as wide as its type, and fill exactly `HEADER_SIZE`.
+const _: () = assert!(OFF_MAGIC == 0);
+const _: () = assert!(OFF_MAGIC + size_of::<u32>() == OFF_CRC);
+const _: () = assert!(OFF_CRC + size_of::<u32>() == OFF_KIND);
+const _: () = assert!(OFF_KIND + size_of::<u8>() == OFF_LEVEL);
+const _: () = assert!(OFF_LEVEL + size_of::<u8>() == OFF_RESERVED);
+const _: () = assert!(OFF_RESERVED + size_of::<u16>() == OFF_COUNT);
+const _: () = assert!(OFF_COUNT + size_of::<u32>() == HEADER_SIZE);
+const _: () = assert!(CRC_FROM == OFF_CRC + size_of::<u32>());
 /// Largest encoded node. 8 KiB holds ~45 entries of the 24 B/150 B benchmark shape and
 /// ~190 branch entries of 24-byte keys, giving a 3-level tree for a million keys.
 pub(crate) const NODE_MAX: usize = 8192;
@@ -310,12 +332,13 @@ impl Node {
             Body::Leaf(e) => (KIND_LEAF, e.len()),
             Body::Branch(e) => (KIND_BRANCH, e.len()),
         };
-        put_u32(out, NODE_MAGIC);
-        put_u32(out, 0); // crc, patched below
-        put_u8(out, kind);
-        put_u8(out, self.level);
-        put_u16(out, 0);
-        put_u32(out, len_u32(count));
+        let mut header = [0u8; HEADER_SIZE];
+        header[OFF_MAGIC..OFF_CRC].copy_from_slice(&NODE_MAGIC.to_le_bytes());
+        // The crc (at OFF_CRC) is patched in below; the reserved field stays zero.
+        header[OFF_KIND] = kind;
+        header[OFF_LEVEL] = self.level;
+        header[OFF_COUNT..HEADER_SIZE].copy_from_slice(&len_u32(count).to_le_bytes());
+        out.extend_from_slice(&header);
         match &self.body {
             Body::Leaf(entries) => {
                 for e in entries {
@@ -347,8 +370,8 @@ impl Node {
                 }
             }
         }
-        let crc = crc(&out[start + 8..]);
-        out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+        let crc = crc(&out[start + CRC_FROM..]);
+        out[start + OFF_CRC..start + OFF_CRC + 4].copy_from_slice(&crc.to_le_bytes());
         debug_assert_eq!(
             out.len() - start,
             self.size,
@@ -364,13 +387,15 @@ impl Node {
             return Err(d.error(format!("bad magic at {:?}", at.addr)));
         }
         let stored_crc = d.u32()?;
-        if crc(&buf[8..]) != stored_crc {
+        // The decoder has read the magic and the crc: `buf` holds at least `CRC_FROM`.
+        if crc(&buf[CRC_FROM..]) != stored_crc {
             return Err(d.error(format!("self-checksum mismatch at {:?}", at.addr)));
         }
         let kind = d.u8()?;
         let level = d.u8()?;
-        d.u16()?;
+        d.u16()?; // reserved
         let count = d.u32()? as usize;
+        debug_assert_eq!(buf.len() - d.remaining(), HEADER_SIZE);
         if count > buf.len() {
             return Err(d.error(format!(
                 "entry count {count} exceeds node size at {:?}",

@@ -8,13 +8,49 @@
 
 use crate::error::{Error, Result};
 use crate::format::FORMAT_VERSION;
-use crate::format::{crc, put_u32, Addr, BlockRef, Decoder, SegmentId};
+use crate::format::{crc, Addr, BlockRef, Decoder, SegmentId};
 use crate::io::{VFile, Vfs};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, RwLock};
 
 const SEGMENT_MAGIC: &[u8; 8] = b"CAMBSEG\0";
+
+// Header layout: the byte offset of each field. docs/FORMAT.md has the same table, and
+// `crate::format_tests` checks the two against each other.
+pub(crate) const OFF_MAGIC: usize = 0;
+pub(crate) const OFF_FORMAT_VERSION: usize = 8;
+pub(crate) const OFF_SEGMENT_ID: usize = 12;
+pub(crate) const OFF_RESERVED: usize = 16;
+/// The checksum covers every header byte before it.
+pub(crate) const OFF_CRC: usize = 28;
+/// Blocks start here.
 pub(crate) const SEGMENT_HEADER_SIZE: u64 = 32;
+const HEADER_LEN: usize = SEGMENT_HEADER_SIZE as usize;
+
+// The fields are contiguous, each as wide as its type, and fill exactly the header.
+const _: () = assert!(OFF_MAGIC == 0);
+const _: () = assert!(OFF_MAGIC + SEGMENT_MAGIC.len() == OFF_FORMAT_VERSION);
+const _: () = assert!(OFF_FORMAT_VERSION + size_of::<u32>() == OFF_SEGMENT_ID);
+const _: () = assert!(OFF_SEGMENT_ID + size_of::<u32>() == OFF_RESERVED);
+const _: () = assert!(OFF_RESERVED + 12 == OFF_CRC);
+const _: () = assert!(OFF_CRC + size_of::<u32>() == HEADER_LEN);
+
+/// docs/FORMAT.md's segment header table, checked against the constants above.
+#[cfg(test)]
+#[test]
+fn header_layout_matches_format_md() {
+    crate::format_tests::check_layout(
+        "segment-header",
+        &[
+            ("magic", OFF_MAGIC),
+            ("format_version", OFF_FORMAT_VERSION),
+            ("segment_id", OFF_SEGMENT_ID),
+            ("reserved", OFF_RESERVED),
+            ("crc", OFF_CRC),
+        ],
+        HEADER_LEN,
+    );
+}
 /// A segment stops taking appends past this size. Big enough that a checkpoint is
 /// one long sequential write, small enough that an emptied segment returns its space.
 pub(crate) const SEGMENT_TARGET_BYTES: u64 = 64 << 20;
@@ -78,7 +114,7 @@ impl Segments {
     }
 
     fn check_header(file: &dyn VFile, id: SegmentId) -> Result<()> {
-        let mut buf = [0u8; SEGMENT_HEADER_SIZE as usize];
+        let mut buf = [0u8; HEADER_LEN];
         if file.len()? < SEGMENT_HEADER_SIZE {
             // A segment created just before a crash may have no header yet; nothing
             // durable can live in it.
@@ -93,9 +129,10 @@ impl Segments {
         }
         let version = d.u32()?;
         let stored_id = d.u32()?;
-        d.bytes(12)?;
+        d.bytes(OFF_CRC - OFF_RESERVED)?;
         let stored_crc = d.u32()?;
-        if crc(&buf[..28]) != stored_crc {
+        debug_assert_eq!(d.remaining(), 0);
+        if crc(&buf[..OFF_CRC]) != stored_crc {
             return Err(bad("checksum mismatch"));
         }
         if version != FORMAT_VERSION {
@@ -110,14 +147,14 @@ impl Segments {
         Ok(())
     }
 
-    fn header(id: SegmentId) -> Vec<u8> {
-        let mut h = Vec::with_capacity(SEGMENT_HEADER_SIZE as usize);
-        h.extend_from_slice(SEGMENT_MAGIC);
-        put_u32(&mut h, FORMAT_VERSION);
-        put_u32(&mut h, id.0);
-        h.extend_from_slice(&[0; 12]);
-        let c = crc(&h);
-        put_u32(&mut h, c);
+    fn header(id: SegmentId) -> [u8; HEADER_LEN] {
+        let mut h = [0u8; HEADER_LEN];
+        h[OFF_MAGIC..OFF_FORMAT_VERSION].copy_from_slice(SEGMENT_MAGIC);
+        h[OFF_FORMAT_VERSION..OFF_SEGMENT_ID].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        h[OFF_SEGMENT_ID..OFF_RESERVED].copy_from_slice(&id.0.to_le_bytes());
+        // The reserved bytes stay zero.
+        let c = crc(&h[..OFF_CRC]);
+        h[OFF_CRC..].copy_from_slice(&c.to_le_bytes());
         h
     }
 

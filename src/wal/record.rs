@@ -6,7 +6,30 @@ use crate::format::{
 };
 use crate::io::VFile;
 
+// Record header layout: the byte offset of each field. docs/FORMAT.md has the same
+// table, and `crate::format_tests` checks the two against each other.
+pub(crate) const OFF_LEN: usize = 0;
+pub(crate) const OFF_CRC: usize = 4;
+pub(crate) const OFF_LSN: usize = 8;
+pub(crate) const OFF_SYNCED_LSN: usize = 16;
+pub(crate) const OFF_KIND: usize = 24;
+pub(crate) const OFF_RESERVED: usize = 25;
+/// The payload follows the header.
 pub(crate) const RECORD_HEADER_SIZE: usize = 28;
+/// The checksum covers the salt, the header from here on, and the payload.
+pub(crate) const CRC_FROM: usize = OFF_LSN;
+
+// The fields are contiguous, each as wide as its type, and fill exactly
+// `RECORD_HEADER_SIZE`.
+const _: () = assert!(OFF_LEN == 0);
+const _: () = assert!(OFF_LEN + size_of::<u32>() == OFF_CRC);
+const _: () = assert!(OFF_CRC + size_of::<u32>() == OFF_LSN);
+const _: () = assert!(OFF_LSN + size_of::<u64>() == OFF_SYNCED_LSN);
+const _: () = assert!(OFF_SYNCED_LSN + size_of::<u64>() == OFF_KIND);
+const _: () = assert!(OFF_KIND + size_of::<u8>() == OFF_RESERVED);
+const _: () = assert!(OFF_RESERVED + 3 == RECORD_HEADER_SIZE);
+const _: () = assert!(CRC_FROM == OFF_CRC + size_of::<u32>());
+
 /// A record larger than this is not one we wrote: treat it as the torn tail.
 const RECORD_MAX: u32 = 1 << 30;
 /// Every payload starts with `branch u32 | count u32`.
@@ -32,16 +55,16 @@ fn record_crc(gen: u64, header_tail: &[u8], payload: &[u8]) -> u32 {
 
 /// Frames `payload` as a record of generation `gen` onto `out`.
 pub(crate) fn encode(out: &mut Vec<u8>, gen: u64, header: RecordHeader, payload: &[u8]) {
-    let start = out.len();
-    put_u32(out, len_u32(payload.len()));
-    put_u32(out, 0);
-    put_u64(out, header.lsn.0);
-    put_u64(out, header.synced_lsn.0);
-    put_u8(out, header.kind);
-    out.extend_from_slice(&[0; 3]);
+    let mut h = [0u8; RECORD_HEADER_SIZE];
+    h[OFF_LEN..OFF_CRC].copy_from_slice(&len_u32(payload.len()).to_le_bytes());
+    h[OFF_LSN..OFF_SYNCED_LSN].copy_from_slice(&header.lsn.0.to_le_bytes());
+    h[OFF_SYNCED_LSN..OFF_KIND].copy_from_slice(&header.synced_lsn.0.to_le_bytes());
+    h[OFF_KIND] = header.kind;
+    // The reserved bytes stay zero.
+    let c = record_crc(gen, &h[CRC_FROM..], payload);
+    h[OFF_CRC..OFF_LSN].copy_from_slice(&c.to_le_bytes());
+    out.extend_from_slice(&h);
     out.extend_from_slice(payload);
-    let c = record_crc(gen, &out[start + 8..start + RECORD_HEADER_SIZE], payload);
-    out[start + 4..start + 8].copy_from_slice(&c.to_le_bytes());
 }
 
 /// The header fields of a record besides its length and checksum.
@@ -58,28 +81,47 @@ pub(crate) struct RecordHeader {
 /// Parses the record at `pos`, if a valid one of generation `gen` starts there.
 fn parse_at(data: &[u8], pos: usize, gen: u64) -> Option<(RecordHeader, &[u8])> {
     let header = data.get(pos..pos + RECORD_HEADER_SIZE)?;
-    let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().expect("8 bytes"));
-    let payload_len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes"));
-    let stored_crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
+    let u32_at = |at: usize| u32::from_le_bytes(header[at..at + 4].try_into().expect("4 bytes"));
+    let u64_at = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().expect("8 bytes"));
+    let payload_len = u32_at(OFF_LEN);
+    let stored_crc = u32_at(OFF_CRC);
     if payload_len > RECORD_MAX
         || (payload_len as usize) < MIN_PAYLOAD
-        || header[25..28] != [0, 0, 0]
+        || header[OFF_RESERVED..RECORD_HEADER_SIZE] != [0, 0, 0]
     {
         return None; // torn, or the zeros of a preallocated file
     }
     let body = pos + RECORD_HEADER_SIZE;
     let payload = data.get(body..body + payload_len as usize)?;
-    if record_crc(gen, &header[8..], payload) != stored_crc {
+    if record_crc(gen, &header[CRC_FROM..], payload) != stored_crc {
         return None;
     }
     Some((
         RecordHeader {
-            lsn: Lsn(word(8)),
-            synced_lsn: Lsn(word(16)),
-            kind: header[24],
+            lsn: Lsn(u64_at(OFF_LSN)),
+            synced_lsn: Lsn(u64_at(OFF_SYNCED_LSN)),
+            kind: header[OFF_KIND],
         },
         payload,
     ))
+}
+
+/// docs/FORMAT.md's record header table, checked against the constants above.
+#[cfg(test)]
+#[test]
+fn header_layout_matches_format_md() {
+    crate::format_tests::check_layout(
+        "wal-record-header",
+        &[
+            ("len", OFF_LEN),
+            ("crc", OFF_CRC),
+            ("lsn", OFF_LSN),
+            ("synced_lsn", OFF_SYNCED_LSN),
+            ("kind", OFF_KIND),
+            ("reserved", OFF_RESERVED),
+        ],
+        RECORD_HEADER_SIZE,
+    );
 }
 
 /// Appends one operation to a batch payload under construction. The payload starts
