@@ -26,9 +26,9 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-// The layers, bottom up (docs/design.md draws them). A module names only modules in
-// its own layer or the layers above it in this list; `scripts/check-layers.py` checks
-// this, and each group is kept apart so rustfmt does not reorder it.
+// The layers, bottom up (docs/design.md draws them). A module names only modules of
+// its own group or of groups listed before it; `scripts/check-layers.py` checks this.
+// Groups are kept apart by blank lines so that rustfmt does not reorder them.
 
 // Codec vocabulary, errors, limits, options, files.
 mod error;

@@ -243,6 +243,44 @@ impl SuperblockFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn superblock_slot_table_matches_the_code() {
+        use crate::format_tests::{check_layout, layout_table, leading_number};
+        check_layout(
+            "superblock-slot",
+            &[
+                ("magic", OFF_MAGIC),
+                ("format_version", OFF_FORMAT_VERSION),
+                ("slot_len", OFF_SLOT_LEN),
+                ("generation", OFF_GENERATION),
+                ("checkpoint_lsn", OFF_CHECKPOINT_LSN),
+                ("wal_gen", OFF_WAL_GEN),
+                ("meta", OFF_META),
+                ("reserved", OFF_RESERVED0),
+                ("reserved", OFF_RESERVED1),
+                ("created_unix_ms", OFF_CREATED_UNIX_MS),
+                ("reserved", OFF_RESERVED2),
+                ("crc", OFF_CRC),
+            ],
+            SLOT_USED,
+        );
+        // The documented values of the version and length fields.
+        let rows = layout_table("superblock-slot");
+        let value = |field: &str| {
+            let row = rows
+                .iter()
+                .find(|r| r.field == field)
+                .expect("checked above");
+            leading_number(&row.meaning)
+                .unwrap_or_else(|| panic!("superblock {field}: no value in {:?}", row.meaning))
+        };
+        assert_eq!(
+            value("format_version"),
+            u64::from(crate::format::FORMAT_VERSION)
+        );
+        assert_eq!(value("slot_len"), SLOT_USED as u64);
+    }
     use crate::format::{Addr, SegmentId};
 
     fn sample() -> Superblock {

@@ -263,7 +263,7 @@ impl Node {
     ///
     /// A child is named by address only if its reference count is in the table by
     /// that address, i.e. it was made dirty in an epoch up to `merged_through` (see
-    /// `crate::btree::refcount`).
+    /// `btree::refcount`).
     pub(crate) fn dirty_copy(&self, epoch: u64, keep_pinned: bool, merged_through: u64) -> Node {
         let body = match &self.body {
             Body::Leaf(entries) => Body::Leaf(entries.clone()),
@@ -472,6 +472,22 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn node_header_table_matches_the_code() {
+        crate::format_tests::check_layout(
+            "node-header",
+            &[
+                ("magic", OFF_MAGIC),
+                ("crc", OFF_CRC),
+                ("kind", OFF_KIND),
+                ("level", OFF_LEVEL),
+                ("reserved", OFF_RESERVED),
+                ("count", OFF_COUNT),
+            ],
+            HEADER_SIZE,
+        );
+    }
     use crate::format::{Addr, SegmentId};
 
     fn at(len: usize) -> BlockRef {

@@ -1,9 +1,8 @@
-//! WAL record framing and the batch payload codec.
+//! WAL record framing (length, checksum, LSNs, kind byte; `payload.rs` gives the kind
+//! and the payload their meaning) and reading one log file back up to its torn tail.
 
 use crate::error::{Error, Result};
-use crate::format::{
-    crc_append, len_u16, len_u32, put_u16, put_u32, put_u64, put_u8, BlockRef, Decoder, Lsn,
-};
+use crate::format::{crc_append, len_u32, Lsn};
 use crate::io::VFile;
 
 // Record header layout: the byte offset of each field. docs/FORMAT.md has the same
@@ -34,18 +33,6 @@ const _: () = assert!(CRC_FROM == OFF_CRC + size_of::<u32>());
 const RECORD_MAX: u32 = 1 << 30;
 /// Every payload starts with `branch u32 | count u32`.
 const MIN_PAYLOAD: usize = 8;
-
-const OP_PUT_INLINE: u8 = 1;
-const OP_PUT_EXTENT: u8 = 2;
-const OP_DELETE: u8 = 3;
-
-/// One operation of a logged batch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum BatchOp {
-    Put { key: Vec<u8>, value: Vec<u8> },
-    PutExtent { key: Vec<u8>, extent: BlockRef },
-    Delete { key: Vec<u8> },
-}
 
 fn record_crc(gen: u64, header_tail: &[u8], payload: &[u8]) -> u32 {
     let c = crc_append(0, &gen.to_le_bytes());
@@ -124,76 +111,6 @@ fn header_layout_matches_format_md() {
     );
 }
 
-/// Appends one operation to a batch payload under construction. The payload starts
-/// with `branch u32 | count u32`; the caller patches the count.
-pub(crate) fn encode_op(out: &mut Vec<u8>, op: &BatchOpRef<'_>) {
-    match *op {
-        BatchOpRef::Put { key, value } => {
-            put_u8(out, OP_PUT_INLINE);
-            put_u16(out, len_u16(key.len()));
-            out.extend_from_slice(key);
-            put_u32(out, len_u32(value.len()));
-            out.extend_from_slice(value);
-        }
-        BatchOpRef::PutExtent { key, extent } => {
-            put_u8(out, OP_PUT_EXTENT);
-            put_u16(out, len_u16(key.len()));
-            out.extend_from_slice(key);
-            extent.encode(out);
-        }
-        BatchOpRef::Delete { key } => {
-            put_u8(out, OP_DELETE);
-            put_u16(out, len_u16(key.len()));
-            out.extend_from_slice(key);
-        }
-    }
-}
-
-/// A borrowed [`BatchOp`], for encoding without copies.
-pub(crate) enum BatchOpRef<'a> {
-    Put { key: &'a [u8], value: &'a [u8] },
-    PutExtent { key: &'a [u8], extent: BlockRef },
-    Delete { key: &'a [u8] },
-}
-
-/// Decodes a batch payload: the branch id and its operations.
-pub(crate) fn decode_batch(payload: &[u8]) -> Result<(u32, Vec<BatchOp>)> {
-    let mut d = Decoder::new(payload, "wal");
-    let branch = d.u32()?;
-    let count = d.u32()? as usize;
-    if count > payload.len() {
-        return Err(d.error("op count exceeds record size"));
-    }
-    let mut ops = Vec::with_capacity(count);
-    for _ in 0..count {
-        let tag = d.u8()?;
-        let key_len = usize::from(d.u16()?);
-        if key_len == 0 || key_len > crate::limits::MAX_KEY_LEN {
-            return Err(d.error(format!("key length {key_len} out of range")));
-        }
-        let key = d.bytes(key_len)?.to_vec();
-        ops.push(match tag {
-            OP_PUT_INLINE => {
-                let len = d.u32()? as usize;
-                BatchOp::Put {
-                    key,
-                    value: d.bytes(len)?.to_vec(),
-                }
-            }
-            OP_PUT_EXTENT => BatchOp::PutExtent {
-                key,
-                extent: BlockRef::decode(&mut d)?,
-            },
-            OP_DELETE => BatchOp::Delete { key },
-            _ => return Err(d.error(format!("unknown op tag {tag}"))),
-        });
-    }
-    if d.remaining() != 0 {
-        return Err(d.error("trailing bytes after the last op"));
-    }
-    Ok((branch, ops))
-}
-
 /// What reading one log file found.
 #[derive(Debug)]
 pub(crate) struct LogRead {
@@ -256,121 +173,11 @@ pub(crate) fn read_log(file: &dyn VFile, gen: u64, next_lsn: Lsn) -> Result<LogR
     })
 }
 
-const VERSION_CREATE: u8 = 1;
-const VERSION_DROP: u8 = 2;
-
-/// A logged catalog change. Payload: `id u32 | op u8 | 3 zero bytes`, then for a
-/// create: `source u32 | kind u8 | created_unix_ms u64 | created_checkpoint u64 |
-/// name_len u16 | name`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum VersionOp {
-    Create {
-        id: u32,
-        source: u32,
-        snapshot: bool,
-        created_unix_ms: u64,
-        created_checkpoint: u64,
-        name: String,
-    },
-    Drop {
-        id: u32,
-    },
-}
-
-impl VersionOp {
-    pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::new();
-        match self {
-            VersionOp::Create {
-                id,
-                source,
-                snapshot,
-                created_unix_ms,
-                created_checkpoint,
-                name,
-            } => {
-                put_u32(&mut b, *id);
-                b.extend_from_slice(&[VERSION_CREATE, 0, 0, 0]);
-                put_u32(&mut b, *source);
-                put_u8(&mut b, u8::from(*snapshot));
-                put_u64(&mut b, *created_unix_ms);
-                put_u64(&mut b, *created_checkpoint);
-                put_u16(&mut b, len_u16(name.len()));
-                b.extend_from_slice(name.as_bytes());
-            }
-            VersionOp::Drop { id } => {
-                put_u32(&mut b, *id);
-                b.extend_from_slice(&[VERSION_DROP, 0, 0, 0]);
-            }
-        }
-        b
-    }
-
-    pub(crate) fn decode(payload: &[u8]) -> Result<VersionOp> {
-        let mut d = Decoder::new(payload, "wal");
-        let id = d.u32()?;
-        let op = d.u8()?;
-        if d.bytes(3)? != [0, 0, 0] {
-            return Err(d.error("bad version record padding"));
-        }
-        let op = match op {
-            VERSION_CREATE => {
-                let source = d.u32()?;
-                let snapshot = match d.u8()? {
-                    0 => false,
-                    1 => true,
-                    k => return Err(d.error(format!("bad version kind {k}"))),
-                };
-                let created_unix_ms = d.u64()?;
-                let created_checkpoint = d.u64()?;
-                let len = usize::from(d.u16()?);
-                let name = String::from_utf8(d.bytes(len)?.to_vec())
-                    .map_err(|_| d.error("version name is not UTF-8"))?;
-                VersionOp::Create {
-                    id,
-                    source,
-                    snapshot,
-                    created_unix_ms,
-                    created_checkpoint,
-                    name,
-                }
-            }
-            VERSION_DROP => VersionOp::Drop { id },
-            k => return Err(d.error(format!("unknown version op {k}"))),
-        };
-        if d.remaining() != 0 {
-            return Err(d.error("trailing bytes in version record"));
-        }
-        Ok(op)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::io::sim::SimVfs;
     use crate::io::Vfs;
-
-    #[test]
-    fn batch_round_trip() {
-        let mut p = Vec::new();
-        put_u32(&mut p, 0);
-        put_u32(&mut p, 2);
-        encode_op(
-            &mut p,
-            &BatchOpRef::Put {
-                key: b"k",
-                value: b"v",
-            },
-        );
-        encode_op(&mut p, &BatchOpRef::Delete { key: b"x" });
-        let (branch, ops) = decode_batch(&p).unwrap();
-        assert_eq!(branch, 0);
-        assert_eq!(ops[1], BatchOp::Delete { key: b"x".to_vec() });
-        for cut in 0..p.len() {
-            assert!(decode_batch(&p[..cut]).is_err());
-        }
-    }
 
     /// Three records; the second written after the first was synced, the third in the
     /// same write as the second.
