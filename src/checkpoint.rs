@@ -25,12 +25,13 @@
 use crate::btree::node::{Body, Child, Node};
 use crate::btree::walk::{walk, At, Visitor};
 use crate::catalog::{Catalog, Meta};
-use crate::engine::{fits_pinned, lock, Durable, PendingDelete, Shared, WriterState};
+use crate::engine::{fits_pinned, Durable, PendingDelete, Shared, WriterState};
 use crate::error::Result;
 use crate::format::AddrMap;
 use crate::format::{crc, len_u32, Addr, BlockRef, Lsn, SegmentId};
 use crate::space::{apply_delta, SpaceDelta};
 use crate::superblock::{Superblock, SuperblockFile};
+use crate::sync::lock;
 use crate::wal;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;

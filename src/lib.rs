@@ -38,6 +38,7 @@ mod format_tests;
 pub mod io;
 mod limits;
 mod options;
+mod sync;
 
 // Durable structures: segments and space accounting, the superblock, the log.
 mod space;

@@ -15,13 +15,14 @@
 use crate::btree::cache::PageCache;
 use crate::catalog::{Catalog, Meta};
 use crate::checkpoint;
-use crate::engine::{self, fits_pinned, lock, Durable, Shared, ViewRegistry, WriterState};
+use crate::engine::{self, fits_pinned, Durable, Shared, ViewRegistry, WriterState};
 use crate::error::{Error, Result};
 use crate::format::{now_unix_ms, Lsn};
 use crate::io::{VFile, Vfs};
 use crate::options::Options;
 use crate::space::{Segments, SpaceDelta};
 use crate::superblock::{self, Superblock, SuperblockFile};
+use crate::sync::lock;
 use crate::wal::{self, Generations, Wal};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64};

@@ -4,9 +4,10 @@
 use crate::btree::node::{Body, Node, Value};
 use crate::btree::walk::{walk, At, Visitor};
 use crate::catalog::MAIN_BRANCH;
-use crate::engine::{lock, Shared};
+use crate::engine::Shared;
 use crate::error::Result;
 use crate::format::FORMAT_VERSION;
+use crate::sync::lock;
 use crate::wal;
 use serde::Serialize;
 use std::sync::Arc;

@@ -12,12 +12,13 @@
 use crate::catalog::{VersionKind, MAIN_BRANCH};
 use crate::checkpoint;
 use crate::commit;
-use crate::engine::{lock, Shared, Signal};
+use crate::engine::{Shared, Signal};
 use crate::error::{Error, Result};
 use crate::io::{StdVfs, Vfs};
 use crate::options::{Durability, Options};
 use crate::recovery;
 use crate::stats::{self, Stats};
+use crate::sync::lock;
 use crate::txn::{ReadTxn, WriteTxn};
 use crate::verify::{self, VerifyReport};
 use crate::versions::{self, Diff, VersionInfo};

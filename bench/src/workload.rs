@@ -20,22 +20,19 @@ pub const SEED_BATCH: u64 = 0xba7c_0000_0000_0002;
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 pub type Res<T> = std::result::Result<T, BoxError>;
 
-/// splitmix64: tiny, fast, good enough for benchmark keys, no dependency.
+/// cambium's splitmix64 (the crash simulator's): tiny, fast, good enough for
+/// benchmark keys.
 #[derive(Clone)]
-pub struct Rng(u64);
+pub struct Rng(cambium::io::sim::SplitMix);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        Rng(seed)
+        Rng(cambium::io::sim::SplitMix(seed))
     }
 
     #[inline]
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next()
     }
 
     #[inline]

@@ -33,6 +33,7 @@ use crate::io::{VFile, Vfs};
 use crate::options::Options;
 use crate::space::{Segments, SpaceDelta, Usage};
 use crate::superblock::Superblock;
+use crate::sync::lock;
 use crate::wal::Wal;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -119,13 +120,6 @@ pub(crate) struct Shared {
     pub closed: Mutex<bool>,
     /// The process lock on the store directory, held as long as the engine lives.
     pub _process_lock: Box<dyn Send + Sync>,
-}
-
-/// Locks `m`, ignoring poisoning: every critical section in the engine leaves its data
-/// consistent before anything that can panic, so a panicking holder leaves nothing
-/// half-done.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Whether a store whose live data is `live_bytes` keeps its trees pinned in memory

@@ -5,10 +5,10 @@
 //! checkpoint that emptied it exists (`checkpoint::delete_unreachable_segments`), so a
 //! view can always read every node its roots reach.
 
-use super::lock;
 use crate::btree::node::Child;
 use crate::catalog::Catalog;
 use crate::format::Lsn;
+use crate::sync::lock;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 

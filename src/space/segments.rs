@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::format::FORMAT_VERSION;
 use crate::format::{crc, Addr, BlockRef, Decoder, SegmentId};
 use crate::io::{VFile, Vfs};
+use crate::sync::lock;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -74,10 +75,6 @@ pub(crate) struct Segments {
     files: RwLock<BTreeMap<SegmentId, Arc<dyn VFile>>>,
     appender: Mutex<Appender>,
     read_only: bool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Segments {

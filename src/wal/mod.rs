@@ -33,6 +33,7 @@ use crate::error::{Error, Result};
 use crate::format::Lsn;
 use crate::io::{VFile, Vfs};
 use crate::space::Segments;
+use crate::sync::lock;
 use record::RecordHeader;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
@@ -94,9 +95,7 @@ impl Wal {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.state)
     }
 
     pub(crate) fn last_lsn(&self) -> Lsn {

@@ -23,30 +23,22 @@ pub const SIM_PATH: &str = "/sim/store";
 /// The model of one version: what the store must hold.
 pub type Model = BTreeMap<Vec<u8>, Vec<u8>>;
 
-/// splitmix64, seeded.
+/// The simulator's splitmix64, seeded, with the helpers tests use.
 #[derive(Clone, Debug)]
-pub struct Rng(u64);
+pub struct Rng(cambium::io::sim::SplitMix);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        let mut r = Rng(seed ^ 0xA076_1D64_78BD_642F);
+        let mut r = Rng(cambium::io::sim::SplitMix(seed ^ 0xA076_1D64_78BD_642F));
         r.next();
         r
     }
     pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next()
     }
     /// Uniform in `0..n` (0 when n == 0).
     pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
+        self.0.below(n)
     }
     /// Uniform in `lo..=hi`.
     pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
@@ -57,7 +49,7 @@ impl Rng {
     }
     /// True with probability `num/den`.
     pub fn chance(&mut self, num: u64, den: u64) -> bool {
-        self.below(den) < num
+        self.0.chance(num, den)
     }
     pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
         &items[self.below(items.len() as u64) as usize]
