@@ -16,6 +16,9 @@
 //! drop_queue_len u32, then per queued node: BlockRef
 //! ```
 
+// A decoder of untrusted bytes: every index is justified where it is.
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use crate::btree::node::Child;
 use crate::error::{Error, Result};
 use crate::format::{

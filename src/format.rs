@@ -2,6 +2,9 @@
 //! integers, checksums (CRC-32C), the address newtypes and a bounds-checked decoder
 //! that turns short or malformed input into `Error::Corrupted`, never a panic.
 
+// A decoder of untrusted bytes: every index is justified where it is.
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::fmt;
@@ -163,6 +166,7 @@ impl<'a> Decoder<'a> {
                 ),
             ));
         }
+        #[allow(clippy::indexing_slicing, reason = "n <= remaining(), checked above")]
         let out = &self.buf[self.pos..self.pos + n];
         self.pos += n;
         Ok(out)

@@ -25,6 +25,13 @@
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
+// Lint policy (docs/design.md, "Errors and invariants"): bytes from disk, the network
+// or the user come back as typed errors, never an unwrap; a broken internal invariant
+// is an `expect` or `assert!` that names it. Decoders of untrusted bytes deny indexing
+// and justify each remaining index where it is (`#[allow(.., reason = ..)]`).
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+#![deny(clippy::dbg_macro, clippy::todo, clippy::unimplemented)]
+#![deny(clippy::allow_attributes_without_reason)]
 
 // The layers, bottom up (docs/design.md draws them). A module names only modules of
 // its own group or of groups listed before it; `scripts/check-layers.py` checks this.

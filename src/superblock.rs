@@ -16,6 +16,9 @@
 //! format version may lay out (and checksum) its slot differently, and deserves a
 //! "wrong version" error rather than "corrupted".
 
+// A decoder of untrusted bytes: every index is justified where it is.
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use crate::error::{Error, Result};
 use crate::format::FORMAT_VERSION;
 use crate::format::{crc, len_u32, BlockRef, Decoder, Lsn};
@@ -102,6 +105,7 @@ impl Superblock {
             OFF_CREATED_UNIX_MS,
             &self.created_unix_ms.to_le_bytes(),
         );
+        #[allow(clippy::indexing_slicing, reason = "b is SLOT_SIZE long, OFF_CRC < SLOT_USED")]
         let c = crc(&b[..OFF_CRC]);
         put_at(&mut b, OFF_CRC, &c.to_le_bytes());
         b
@@ -127,13 +131,15 @@ impl Superblock {
             return Ok(Slot::Invalid(format!("slot length {used}")));
         }
         let stored_crc = u32_at(buf, OFF_CRC)?;
-        if crc(&buf[..OFF_CRC]) != stored_crc {
+        #[allow(clippy::indexing_slicing, reason = "the crc field was read, so buf is longer")]
+        let covered = &buf[..OFF_CRC];
+        if crc(covered) != stored_crc {
             return Ok(Slot::Invalid("checksum mismatch".into()));
         }
-        let meta = BlockRef::decode(&mut Decoder::new(
-            &buf[OFF_META..OFF_META + BlockRef::SIZE],
-            "superblock",
-        ))?;
+        let meta_bytes = buf
+            .get(OFF_META..OFF_META + BlockRef::SIZE)
+            .ok_or_else(|| Error::corrupted("superblock", "slot too short"))?;
+        let meta = BlockRef::decode(&mut Decoder::new(meta_bytes, "superblock"))?;
         Ok(Slot::Valid(Superblock {
             generation: u64_at(buf, OFF_GENERATION)?,
             checkpoint_lsn: Lsn(u64_at(buf, OFF_CHECKPOINT_LSN)?),
@@ -145,6 +151,10 @@ impl Superblock {
 }
 
 /// Writes `bytes` into `buf` at `at`.
+#[allow(
+    clippy::indexing_slicing,
+    reason = "an encoder's own fixed-size buffer: the const assertions keep every field inside SLOT_USED"
+)]
 fn put_at(buf: &mut [u8], at: usize, bytes: &[u8]) {
     buf[at..at + bytes.len()].copy_from_slice(bytes);
 }

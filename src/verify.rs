@@ -238,9 +238,11 @@ pub(crate) fn verify(shared: &Shared, progress: &mut dyn FnMut(u64)) -> Result<V
             )),
         }
     }
-    let Some(sb) = sb_file.candidates()?.into_iter().next() else {
-        unreachable!("candidates is never empty")
-    };
+    let sb = sb_file
+        .candidates()?
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::corrupted("superblock", "no valid slot"))?;
     let meta = match segments
         .read(sb.meta, "metadata")
         .and_then(|b| Meta::decode(&b))

@@ -32,7 +32,7 @@ impl Rng {
 
     #[inline]
     pub fn next_u64(&mut self) -> u64 {
-        self.0.next()
+        self.0.next_u64()
     }
 
     #[inline]

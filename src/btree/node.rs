@@ -381,6 +381,7 @@ impl Node {
 
     /// Parses a node read from disk. The caller has already checked the parent's
     /// checksum; this checks the node's own header and structure.
+    #[deny(clippy::indexing_slicing)] // bytes from disk: every index is justified
     pub(crate) fn decode(buf: &[u8], at: BlockRef) -> Result<Node> {
         let mut d = Decoder::new(buf, "node");
         if d.u32()? != NODE_MAGIC {
@@ -388,7 +389,9 @@ impl Node {
         }
         let stored_crc = d.u32()?;
         // The decoder has read the magic and the crc: `buf` holds at least `CRC_FROM`.
-        if crc(&buf[CRC_FROM..]) != stored_crc {
+        #[allow(clippy::indexing_slicing, reason = "checked just above")]
+        let covered = &buf[CRC_FROM..];
+        if crc(covered) != stored_crc {
             return Err(d.error(format!("self-checksum mismatch at {:?}", at.addr)));
         }
         let kind = d.u8()?;

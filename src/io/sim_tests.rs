@@ -319,7 +319,7 @@ fn keep_all_crash_equals_current_state() {
                 1 => f.set_len(rng.below(3000)).unwrap(),
                 2 => vfs.sync_dir().unwrap(),
                 _ => {
-                    let data = vec![rng.next() as u8; rng.below(1500) as usize];
+                    let data = vec![rng.next_u64() as u8; rng.below(1500) as usize];
                     f.write_all_at(&data, rng.below(3000)).unwrap();
                 }
             }

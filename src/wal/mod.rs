@@ -7,8 +7,10 @@
 //!
 //! Record framing (little-endian, see docs/FORMAT.md):
 //! ```text
-//! len u32 | crc u32 | lsn u64 | kind u8 | reserved [u8; 3] | payload[len]
+//! len u32 | crc u32 | lsn u64 | synced_lsn u64 | kind u8 | reserved [u8; 3] | payload[len]
 //! ```
+//! (`record.rs` owns the framing, `payload.rs` the kinds and payloads as [`Record`],
+//! `files.rs` the file names and reading generations back.)
 //! `crc` is CRC-32C over the generation number (8 bytes, the file's salt), the header
 //! bytes after `crc`, and the payload. A record from another generation (say a stale
 //! one) can therefore never validate. Records are numbered by consecutive LSNs.

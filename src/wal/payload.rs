@@ -14,6 +14,9 @@
 //! Decoding validates the whole payload up front, so a record that decodes can be
 //! applied without meeting a malformed operation half-way.
 
+// A decoder of untrusted bytes: every index is justified where it is.
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use crate::error::Result;
 use crate::format::{len_u16, len_u32, put_u16, put_u32, put_u64, put_u8, BlockRef, Decoder};
 use crate::limits::MAX_KEY_LEN;
@@ -242,7 +245,9 @@ impl BatchWriter {
     pub(crate) fn push(&mut self, op: &Op<'_>) {
         op.encode(&mut self.buf);
         self.count += 1;
-        self.buf[BATCH_COUNT_OFFSET..BATCH_HEADER_SIZE].copy_from_slice(&self.count.to_le_bytes());
+        #[allow(clippy::indexing_slicing, reason = "`new` wrote the header first")]
+        let count = &mut self.buf[BATCH_COUNT_OFFSET..BATCH_HEADER_SIZE];
+        count.copy_from_slice(&self.count.to_le_bytes());
     }
 
     /// Bytes of payload so far.

@@ -1,6 +1,9 @@
 //! WAL record framing (length, checksum, LSNs, kind byte; `payload.rs` gives the kind
 //! and the payload their meaning) and reading one log file back up to its torn tail.
 
+// A decoder of untrusted bytes: every index is justified where it is.
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use crate::error::{Error, Result};
 use crate::format::{crc_append, len_u32, Lsn};
 use crate::io::VFile;
@@ -66,6 +69,11 @@ pub(crate) struct RecordHeader {
 }
 
 /// Parses the record at `pos`, if a valid one of generation `gen` starts there.
+#[allow(
+    clippy::indexing_slicing,
+    reason = "`header` is exactly RECORD_HEADER_SIZE bytes (taken with `get` below), and \
+              every offset is a constant inside it (const assertions above)"
+)]
 fn parse_at(data: &[u8], pos: usize, gen: u64) -> Option<(RecordHeader, &[u8])> {
     let header = data.get(pos..pos + RECORD_HEADER_SIZE)?;
     let u32_at = |at: usize| u32::from_le_bytes(header[at..at + 4].try_into().expect("4 bytes"));

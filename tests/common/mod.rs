@@ -34,7 +34,7 @@ impl Rng {
         r
     }
     pub fn next(&mut self) -> u64 {
-        self.0.next()
+        self.0.next_u64()
     }
     /// Uniform in `0..n` (0 when n == 0).
     pub fn below(&mut self, n: u64) -> u64 {
