@@ -34,7 +34,7 @@
 #![deny(clippy::allow_attributes_without_reason)]
 
 // The layers, bottom up (docs/design.md draws them). A module names only modules of
-// its own group or of groups listed before it; `scripts/check-layers.py` checks this.
+// its own group or of groups listed before it; `tests/layers.rs` checks this.
 // Groups are kept apart by blank lines so that rustfmt does not reorder them.
 
 // Codec vocabulary, errors, limits, options, files.

@@ -105,7 +105,10 @@ impl Superblock {
             OFF_CREATED_UNIX_MS,
             &self.created_unix_ms.to_le_bytes(),
         );
-        #[allow(clippy::indexing_slicing, reason = "b is SLOT_SIZE long, OFF_CRC < SLOT_USED")]
+        #[allow(
+            clippy::indexing_slicing,
+            reason = "b is SLOT_SIZE long, OFF_CRC < SLOT_USED"
+        )]
         let c = crc(&b[..OFF_CRC]);
         put_at(&mut b, OFF_CRC, &c.to_le_bytes());
         b
@@ -131,7 +134,10 @@ impl Superblock {
             return Ok(Slot::Invalid(format!("slot length {used}")));
         }
         let stored_crc = u32_at(buf, OFF_CRC)?;
-        #[allow(clippy::indexing_slicing, reason = "the crc field was read, so buf is longer")]
+        #[allow(
+            clippy::indexing_slicing,
+            reason = "the crc field was read, so buf is longer"
+        )]
         let covered = &buf[..OFF_CRC];
         if crc(covered) != stored_crc {
             return Ok(Slot::Invalid("checksum mismatch".into()));
