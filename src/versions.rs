@@ -424,3 +424,27 @@ fn exclusive(loader: Loader<'_>, refs: &RefCounts, root: &Child) -> Result<u64> 
     walk(&mut { loader }, root, &mut drop_walk)?;
     Ok(drop_walk.bytes)
 }
+
+#[cfg(test)]
+mod tests {
+    //! Regression (286f068): the exclusive-bytes walk once lacked the level check, so a
+    //! damaged child address naming a cached node at its own level made `versions()`
+    //! loop. Both space-accounting walks must refuse such a tree with an error.
+    use super::*;
+    use crate::btree::walk::self_naming_tree;
+
+    #[test]
+    fn space_accounting_refuses_a_tree_that_names_itself() {
+        let (segments, cache, root) = self_naming_tree();
+        let loader = Loader {
+            cache: &cache,
+            segments: &segments,
+        };
+        let refs = RefCounts::default();
+        assert!(exclusive(loader, &refs, &root).unwrap_err().is_corruption());
+        let mut memo = SubtreeMemo::new();
+        assert!(referenced(loader, &root, &mut memo)
+            .unwrap_err()
+            .is_corruption());
+    }
+}
