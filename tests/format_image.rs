@@ -309,6 +309,10 @@ fn image_opens_with_every_version_intact() {
 
 /// Rebuilds `tests/data/format-v2/` from [`steps`]. Run it only on purpose (see the
 /// top of this file).
+// Ignored on purpose: running it overwrites the checked-in image, which would make the
+// format test pass against whatever the code writes today. Regenerate only after a
+// deliberate format change (FORMAT_VERSION bumped, migration or refusal written):
+// `cargo test --release --test format_image -- --ignored regenerate_image`.
 #[test]
 #[ignore = "rewrites the checked-in image; run on purpose only"]
 fn regenerate_image() {
