@@ -75,6 +75,9 @@ mod txn;
 
 mod versions;
 
+// The cleaner: relocation for clean, defrag and shrink.
+mod clean;
+
 mod stats;
 
 mod verify;
@@ -83,6 +86,7 @@ mod verify;
 mod store;
 
 pub use catalog::{check_version_name, VersionKind, MAIN_BRANCH, MAX_VERSION_NAME_LEN};
+pub use clean::CleanReport;
 pub use error::{Error, Result};
 pub use format::FORMAT_VERSION;
 pub use limits::{

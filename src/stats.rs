@@ -66,6 +66,9 @@ pub struct Stats {
     pub cache_misses: u64,
     /// hits / (hits + misses), 0 when there were no lookups.
     pub cache_hit_rate: f64,
+    /// Bytes of every file of the store on disk (segments, WAL, superblock, back
+    /// references): what `clean` and `shrink` bring down towards `live_bytes`.
+    pub footprint_bytes: u64,
 }
 
 pub(crate) fn collect(shared: &Shared) -> Result<Stats> {
@@ -100,6 +103,7 @@ pub(crate) fn collect(shared: &Shared) -> Result<Stats> {
     s.dead_bytes = s.segment_bytes.saturating_sub(s.live_bytes);
     s.wal_files = wal::generations(&*shared.vfs, 0)?.len() as u64;
     s.wal_bytes = shared.wal.bytes_since_checkpoint();
+    s.footprint_bytes = crate::clean::footprint(shared)?;
     s.cache_capacity_bytes = shared.cache.capacity();
     s.cache_bytes = shared.cache.bytes();
     s.cache_hits = shared.cache.hits();

@@ -11,6 +11,7 @@
 
 use crate::catalog::{VersionKind, MAIN_BRANCH};
 use crate::checkpoint;
+use crate::clean::{self, CleanReport};
 use crate::commit;
 use crate::engine::{Shared, Signal};
 use crate::error::{Error, Result};
@@ -229,6 +230,50 @@ impl Store {
         self.shared.check_writable()?;
         self.finish_drops()?;
         checkpoint::run(&self.shared, None)
+    }
+
+    /// Runs the cleaner now: moves the live blocks out of the segments with the most
+    /// dead space (by cost-benefit: free space gained times age, over the cost of
+    /// the move) until dead bytes are at most `dead_below_percent` of the segment
+    /// bytes, then deletes the emptied segments. Every version keeps its data and its
+    /// sharing; readers go on meanwhile, writers wait for each round (at most 64 MiB
+    /// moved).
+    pub fn clean(&self, dead_below_percent: f64) -> Result<CleanReport> {
+        self.clean_with_progress(dead_below_percent, &mut |_, _| {})
+    }
+
+    /// [`Store::clean`], calling `progress` with the bytes moved so far and in all.
+    pub fn clean_with_progress(
+        &self,
+        dead_below_percent: f64,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<CleanReport> {
+        if !(0.0..=100.0).contains(&dead_below_percent) {
+            return Err(Error::InvalidArgument(format!(
+                "dead-space target {dead_below_percent}% is not between 0 and 100"
+            )));
+        }
+        self.shared.check_writable()?;
+        clean::clean(&self.shared, dead_below_percent / 100.0, progress)
+    }
+
+    /// Rewrites the nodes of `version` (every version for `None`) in key order, so its
+    /// scans read sequentially. Nodes it shares with other versions stay shared.
+    pub fn defrag(&self, version: Option<&str>) -> Result<CleanReport> {
+        self.shared.check_writable()?;
+        clean::defrag(&self.shared, version)
+    }
+
+    /// Moves every live block out of segments that hold dead bytes and deletes them:
+    /// the store's footprint drops to about its live data plus the WAL.
+    pub fn shrink(&self) -> Result<CleanReport> {
+        self.shrink_with_progress(&mut |_, _| {})
+    }
+
+    /// [`Store::shrink`], calling `progress` with the bytes moved so far and in all.
+    pub fn shrink_with_progress(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<CleanReport> {
+        self.shared.check_writable()?;
+        clean::shrink(&self.shared, progress)
     }
 
     /// Sizes, counts and cache figures.

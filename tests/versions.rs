@@ -274,6 +274,70 @@ impl Run {
         Ok(())
     }
 
+    /// Cleans, defragments or shrinks a checkpointed store, sometimes with a power
+    /// loss in the middle, and checks that nothing a user can see changed: every
+    /// version's data, its referenced and exclusive bytes (so no sharing was lost),
+    /// the live bytes, and `verify` (which recomputes counts and live bytes from a
+    /// walk, so no block is both referenced and free).
+    fn relocate_and_check(&mut self, step: usize) -> Result<(), String> {
+        ctx(self.store().finish_drops(), "finish_drops")?;
+        ctx(self.store().checkpoint(), "checkpoint")?;
+        let before = ctx(self.store().versions(), "versions")?;
+        let live0 = self.live_bytes()?;
+        let names: Vec<String> = self.model.keys().cloned().collect();
+        let which = self.rng.below(4);
+        let crash_at = self.rng.chance(1, 3).then(|| self.rng.range(1, 150));
+        self.vfs.set_fail_after(crash_at);
+        let store = self.store.as_ref().expect("open");
+        let (what, result) = match which {
+            0 => {
+                #[expect(clippy::cast_precision_loss, reason = "a small percentage")]
+                let pct = self.rng.below(60) as f64;
+                ("clean", store.clean(pct).map(|_| ()))
+            }
+            1 => {
+                let name = self.rng.pick(&names).clone();
+                ("defrag one", store.defrag(Some(&name)).map(|_| ()))
+            }
+            2 => ("defrag all", store.defrag(None).map(|_| ())),
+            _ => ("shrink", store.shrink().map(|_| ())),
+        };
+        let when = format!("step {step} after {what}");
+        if crash_at.is_some() {
+            // Whether or not the fault hit the relocation, power fails now.
+            self.vfs.set_fail_after(None);
+            self.power_loss(&format!("{when} and a power loss"))?;
+            ctx(self.store().finish_drops(), "finish_drops")?;
+            ctx(self.store().checkpoint(), "checkpoint")?;
+        } else {
+            ctx(result, what)?;
+            if what == "shrink" {
+                let stats = ctx(self.store().stats(), "stats")?;
+                // Every segment with dead bytes was emptied: what is left is the
+                // segment that took the copies (more if they overflowed it).
+                let most = 1 + stats.live_bytes / (64 << 20) + 1;
+                if stats.segments > most {
+                    return Err(format!(
+                        "{when}: {} segments left for {} live bytes",
+                        stats.segments, stats.live_bytes
+                    ));
+                }
+            }
+        }
+        let after = ctx(self.store().versions(), "versions")?;
+        if after != before {
+            return Err(format!(
+                "{when}: versions() went from {before:?} to {after:?}"
+            ));
+        }
+        let live1 = self.live_bytes()?;
+        if live1 != live0 {
+            return Err(format!("{when}: live bytes went from {live0} to {live1}"));
+        }
+        check_all(self.store(), &self.model, &self.parents, &when)?;
+        verify_clean(self.store(), &when)
+    }
+
     /// Clones of the current versions (and clones of those), written to, maybe
     /// across a reopen or a power loss, then all dropped: once a checkpoint is
     /// durable the store's live bytes are exactly what they were before the clones.
@@ -337,7 +401,7 @@ fn random_ops(seed: u64, setup: Setup) -> Result<(), String> {
     for step in 0..800 {
         let names: Vec<String> = run.model.keys().cloned().collect();
         let name = run.rng.pick(&names).clone();
-        match run.rng.below(48) {
+        match run.rng.below(52) {
             0..=19 => {
                 if run.model[&name].0 != VersionKind::Branch {
                     if !matches!(run.store().begin_write_on(&name), Err(Error::ReadOnly(_))) {
@@ -378,6 +442,7 @@ fn random_ops(seed: u64, setup: Setup) -> Result<(), String> {
             39 | 40 => run.reopen(&format!("step {step} after reopen"))?,
             41 | 42 => run.power_loss(&format!("step {step} after crash"))?,
             43 => run.clone_and_drop_all(step)?,
+            48..=50 => run.relocate_and_check(step)?,
             _ => {
                 let got = ctx(dump(&ctx(run.store().read_at(&name), "read_at")?), "dump")?;
                 if let Some(d) = diff(&got, &run.model[&name].1) {

@@ -16,7 +16,7 @@
 
 mod segments;
 
-pub(crate) use segments::Segments;
+pub(crate) use segments::{Segments, SEGMENT_HEADER_SIZE};
 
 use crate::format::{BlockRef, SegmentId};
 use std::collections::BTreeMap;

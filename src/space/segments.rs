@@ -326,6 +326,14 @@ impl Segments {
         Ok(())
     }
 
+    /// Ends the active segment: later appends go to a new one. The cleaner does this
+    /// before it moves the live blocks out of the segment that was taking appends.
+    pub(crate) fn seal(&self) -> Result<()> {
+        assert!(!self.read_only, "seal on a read-only store");
+        let mut app = lock(&self.appender);
+        self.roll(&mut app)
+    }
+
     /// The segment taking appends now, if any.
     pub(crate) fn active(&self) -> Option<SegmentId> {
         lock(&self.appender).active.as_ref().map(|(id, _)| *id)

@@ -1,0 +1,525 @@
+//! The cleaner: moves the live blocks out of chosen segments so that the segments
+//! empty and can be deleted, keeping every version's data and its sharing exactly as
+//! they were. `defrag` and `shrink` are the same relocation with other choices of what
+//! to move.
+//!
+//! Relocation (Backlog §5's use of back references; Rodeh §5 for why sharing is kept):
+//! to move a block, every parent that points at it must be rewritten, and so must
+//! their parents, up to the version roots. The set rewritten is the *closure* of the
+//! moved blocks: every node on a path from a root to a moved block. Each node in it
+//! gets exactly one copy, and every copied parent points at the copies of its
+//! children, so a node shared by many parents (versions) stays shared by their copies:
+//! its reference count simply moves from the old address to the copy. Nodes outside
+//! the closure keep their addresses, and the copies' encoded sizes equal the
+//! originals', so every version's referenced and exclusive bytes are unchanged.
+//!
+//! Protocol (under the writer lock, so no commit can interleave with a half-made
+//! relocation; readers go on):
+//! 1. finish the drop queue and checkpoint: every node is now written and its count is
+//!    in the table by address, so the only parents are written nodes and roots;
+//! 2. walk every version once, find the closure bottom-up, and build the copies
+//!    (dirty nodes; moved value extents are copied at once), moving reference counts
+//!    and freeing the old addresses in the interval's space delta;
+//! 3. commit by checkpoint, like a large transaction (the LSN advances with no WAL
+//!    record, so reader views taken before the move keep the victims alive until they
+//!    end): the copies are written, the victims' live bytes drop to zero, and they are
+//!    deleted once no superblock slot and no view can reach them.
+//!
+//! Nothing is logged: relocation does not change any version's content, so a crash
+//! before step 3's superblock simply leaves the old (still valid) addresses in use,
+//! and the copies written so far are dead bytes.
+
+use crate::btree::node::{Body, Child, Node, Value};
+use crate::btree::refcount::{RcDelta, Target};
+use crate::btree::walk::{walk, At, Visitor};
+use crate::checkpoint;
+use crate::engine::{drop_step, Shared, WriterState};
+use crate::error::{Error, Result};
+use crate::format::{Addr, AddrMap, BlockRef, SegmentId};
+use crate::space::{SpaceDelta, SEGMENT_HEADER_SIZE};
+use crate::sync::lock;
+use serde::Serialize;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+/// Live bytes moved per relocation round at most: the copies are dirty nodes in
+/// memory until the round's checkpoint writes them.
+const ROUND_BYTES: u64 = 64 << 20;
+
+/// What one run of the cleaner, `defrag` or `shrink` did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CleanReport {
+    /// Segments emptied by moving their live blocks elsewhere.
+    pub segments_cleaned: u64,
+    /// Segment files deleted (cleaned ones, and ones that were already empty).
+    pub segments_deleted: u64,
+    /// Bytes of live blocks copied (nodes and value extents).
+    pub bytes_moved: u64,
+    /// Bytes of segment files given back to the file system.
+    pub bytes_freed: u64,
+    /// Blocks copied: nodes in the closure of the moved blocks, plus value extents.
+    pub blocks_moved: u64,
+    /// Bytes of the store's files before.
+    pub footprint_before: u64,
+    /// Bytes of the store's files after.
+    pub footprint_after: u64,
+}
+
+/// One segment as the cleaner sees it.
+#[derive(Debug, Clone, Copy)]
+struct SegmentUse {
+    id: SegmentId,
+    /// File size, header included.
+    size: u64,
+    live: u64,
+}
+
+impl SegmentUse {
+    fn dead(&self) -> u64 {
+        self.size
+            .saturating_sub(SEGMENT_HEADER_SIZE)
+            .saturating_sub(self.live)
+    }
+}
+
+/// Runs the cleaner until dead bytes are below `dead_below` (a fraction, 0.0 to 1.0)
+/// of the segment bytes, or nothing worth moving is left. `progress` is called with
+/// the bytes moved so far and the bytes to move.
+pub(crate) fn clean(
+    shared: &Shared,
+    dead_below: f64,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<CleanReport> {
+    let mut report = CleanReport {
+        footprint_before: footprint(shared)?,
+        ..CleanReport::default()
+    };
+    let before = segment_files(shared)?;
+    // Segments already empty go first: they need no move, only a durable checkpoint.
+    settle_deletions(shared)?;
+    let victims = choose_victims(shared, dead_below)?;
+    let total: u64 = victims.iter().map(|s| s.live).sum();
+    let mut moved = 0;
+    if let Some(active) = shared.segments.active() {
+        if victims.iter().any(|s| s.id == active) {
+            // The copies must go elsewhere.
+            shared.segments.seal()?;
+        }
+    }
+    for round in rounds(&victims) {
+        let ids: HashSet<SegmentId> = round.iter().map(|s| s.id).collect();
+        let pick = |r: BlockRef| ids.contains(&r.addr.segment());
+        let done = relocate(shared, &pick)?;
+        report.blocks_moved += done.blocks;
+        report.bytes_moved += done.bytes;
+        report.segments_cleaned += round.len() as u64;
+        moved += round.iter().map(|s| s.live).sum::<u64>();
+        progress(moved, total);
+    }
+    settle_deletions(shared)?;
+    finish_report(shared, &mut report, &before)?;
+    Ok(report)
+}
+
+/// Rewrites the nodes of `version` (every version when `None`) in key order, so that
+/// scans read them sequentially. Sharing with other versions is kept: a node shared
+/// with another version is moved once, for all of them.
+pub(crate) fn defrag(shared: &Shared, version: Option<&str>) -> Result<CleanReport> {
+    let mut report = CleanReport {
+        footprint_before: footprint(shared)?,
+        ..CleanReport::default()
+    };
+    let before = segment_files(shared)?;
+    settle_deletions(shared)?;
+    // Copies go to a fresh segment (so they lie together) and to those after it;
+    // they are never moved again, so a node shared by several versions moves once.
+    shared.segments.seal()?;
+    let first_new = shared.segments.newest();
+    let names: Vec<String> = match version {
+        Some(name) => vec![name.to_string()],
+        None => {
+            let w = shared.lock_writer_checked()?;
+            w.catalog
+                .versions
+                .iter()
+                .map(|v| v.name.to_string())
+                .collect()
+        }
+    };
+    for name in names {
+        // Which nodes to move: every node reachable from the version, as of a settled
+        // state. The relocation settles again under the writer lock, so a node written
+        // in between is simply not moved.
+        let nodes = {
+            let mut w = shared.lock_writer_checked()?;
+            settle(shared, &mut w)?;
+            let Some(v) = w.catalog.by_name(&name) else {
+                if version.is_some() {
+                    return Err(Error::VersionNotFound(name));
+                }
+                continue; // dropped meanwhile
+            };
+            let mut nodes = NodeSet(HashSet::new());
+            if let Some(root) = v.root.clone() {
+                walk(&mut shared.loader(), &root, &mut nodes)?;
+            }
+            nodes.0
+        };
+        let pick = |r: BlockRef| r.addr.segment() < first_new && nodes.contains(&r.addr);
+        let done = relocate(shared, &pick)?;
+        report.blocks_moved += done.blocks;
+        report.bytes_moved += done.bytes;
+    }
+    settle_deletions(shared)?;
+    finish_report(shared, &mut report, &before)?;
+    Ok(report)
+}
+
+/// Moves every live block out of every segment that has dead bytes, then deletes the
+/// emptied segments: the footprint drops to about the live data (plus the WAL and the
+/// metadata of the last checkpoints).
+pub(crate) fn shrink(shared: &Shared, progress: &mut dyn FnMut(u64, u64)) -> Result<CleanReport> {
+    clean(shared, 0.0, progress)
+}
+
+/// Collects the addresses of every node a walk reaches.
+struct NodeSet(HashSet<Addr>);
+
+impl Visitor for NodeSet {
+    fn enter(&mut self, at: &At<'_>) -> Result<bool> {
+        Ok(at
+            .child
+            .disk_ref()
+            .is_none_or(|r| !self.0.contains(&r.addr)))
+    }
+
+    fn visit(&mut self, _at: &At<'_>, node: &Arc<Node>) -> Result<bool> {
+        if let Some(r) = node.disk.get() {
+            self.0.insert(r.addr);
+        }
+        Ok(true)
+    }
+}
+
+/// Splits the victims into rounds of at most `ROUND_BYTES` live bytes (a segment with
+/// more is a round of its own).
+fn rounds(victims: &[SegmentUse]) -> Vec<Vec<SegmentUse>> {
+    let mut rounds: Vec<Vec<SegmentUse>> = Vec::new();
+    let mut bytes = 0;
+    for s in victims {
+        match rounds.last_mut() {
+            Some(r) if bytes + s.live <= ROUND_BYTES => {
+                r.push(*s);
+                bytes += s.live;
+            }
+            _ => {
+                rounds.push(vec![*s]);
+                bytes = s.live;
+            }
+        }
+    }
+    rounds
+}
+
+/// The segments to clean, best first, by Rosenblum's cost-benefit: the space a move
+/// frees times the segment's age, over the cost of reading and rewriting its live
+/// part, `(1 - u) * age / (1 + u)`. Age is by segment id (ids only grow), so
+/// older, colder data is moved before data that may still die on its own. Segments
+/// are taken until the dead bytes left would be below `dead_below` of the total.
+fn choose_victims(shared: &Shared, dead_below: f64) -> Result<Vec<SegmentUse>> {
+    let segments = segment_uses(shared)?;
+    let newest = segments.iter().map(|s| s.id.0).max().unwrap_or(0);
+    let total: u64 = segments.iter().map(|s| s.size).sum();
+    let mut dead: u64 = segments.iter().map(SegmentUse::dead).sum();
+    let mut candidates: Vec<(f64, SegmentUse)> = segments
+        .into_iter()
+        // Empty ones need no move, only a checkpoint.
+        .filter(|s| s.live > 0 && s.dead() > 0)
+        .map(|s| {
+            #[expect(clippy::cast_precision_loss, reason = "a ranking score")]
+            let u = s.live as f64 / s.size.max(1) as f64;
+            let age = f64::from(newest - s.id.0 + 1);
+            ((1.0 - u) * age / (1.0 + u), s)
+        })
+        .collect();
+    candidates.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let mut victims = Vec::new();
+    for (_, s) in candidates {
+        #[expect(clippy::cast_precision_loss, reason = "a fraction")]
+        let fraction = dead as f64 / total.max(1) as f64;
+        if fraction <= dead_below {
+            break;
+        }
+        dead -= s.dead();
+        victims.push(s);
+    }
+    Ok(victims)
+}
+
+/// Every segment with its file size and durable live bytes.
+fn segment_uses(shared: &Shared) -> Result<Vec<SegmentUse>> {
+    let usage = lock(&shared.durable).usage.clone();
+    Ok(shared
+        .segments
+        .sizes()?
+        .into_iter()
+        .map(|(id, size)| SegmentUse {
+            id,
+            size,
+            live: usage.get(&id).copied().unwrap_or(0),
+        })
+        .collect())
+}
+
+fn segment_files(shared: &Shared) -> Result<Vec<(SegmentId, u64)>> {
+    shared.segments.sizes()
+}
+
+fn finish_report(
+    shared: &Shared,
+    report: &mut CleanReport,
+    before: &[(SegmentId, u64)],
+) -> Result<()> {
+    let after: HashSet<SegmentId> = segment_files(shared)?.into_iter().map(|s| s.0).collect();
+    for (id, size) in before {
+        if !after.contains(id) {
+            report.segments_deleted += 1;
+            report.bytes_freed += size;
+        }
+    }
+    report.footprint_after = footprint(shared)?;
+    Ok(())
+}
+
+/// Bytes of every file in the store directory: what the store takes on disk.
+pub(crate) fn footprint(shared: &Shared) -> Result<u64> {
+    let mut total = 0;
+    for name in shared.vfs.list()? {
+        if let Ok(file) = shared.vfs.open(&name) {
+            total += file.len()?;
+        }
+    }
+    Ok(total)
+}
+
+/// Makes the deletion of emptied segments happen now: a checkpoint (so the one that
+/// emptied them is no longer the only durable one: the fallback slot cannot reach
+/// them either), then the deletion of every pending segment nothing can reach.
+fn settle_deletions(shared: &Shared) -> Result<()> {
+    for _ in 0..2 {
+        {
+            let mut w = shared.lock_writer_checked()?;
+            settle(shared, &mut w)?;
+        }
+        checkpoint::delete_unreachable_segments(shared);
+    }
+    Ok(())
+}
+
+/// Brings the writer state to where relocation can start: no dropped version waiting
+/// to be freed and every node written, with its count in the table by address.
+fn settle(shared: &Shared, w: &mut WriterState) -> Result<()> {
+    while drop_step(w, shared.loader(), shared.keep_pinned(), 1024)? {}
+    checkpoint::run(shared, Some(w))
+}
+
+/// What a relocation moved.
+#[derive(Default)]
+struct Moved {
+    blocks: u64,
+    bytes: u64,
+}
+
+/// Moves every live block `pick` selects (nodes and value extents), rewriting the
+/// closure of parents up to the roots, and commits the move by checkpoint.
+fn relocate(shared: &Shared, pick: &dyn Fn(BlockRef) -> bool) -> Result<Moved> {
+    let mut w = shared.lock_writer_checked()?;
+    settle(shared, &mut w)?;
+    let w = &mut *w;
+    let mut mover = Mover {
+        shared,
+        pick,
+        w_epoch: w.epoch,
+        merged_through: w.refs.merged_through,
+        keep_pinned: shared.keep_pinned(),
+        copies: AddrMap::default(),
+        extents: AddrMap::default(),
+        stack: Vec::new(),
+        delta: SpaceDelta::default(),
+        rc: RcDelta::default(),
+        table: &w.refs.table,
+        moved: Moved::default(),
+        dirtied: 0,
+    };
+    let roots: Vec<Child> = w
+        .catalog
+        .versions
+        .iter()
+        .filter_map(|v| v.root.clone())
+        .collect();
+    for root in &roots {
+        walk(&mut shared.loader(), root, &mut mover)?;
+    }
+    let Mover {
+        copies,
+        delta,
+        rc,
+        moved,
+        dirtied,
+        ..
+    } = mover;
+    if moved.blocks == 0 {
+        return Ok(moved);
+    }
+    for v in &mut w.catalog.versions {
+        if let Some(Some(copy)) = v
+            .root
+            .as_ref()
+            .and_then(Child::disk_ref)
+            .and_then(|r| copies.get(&r.addr))
+        {
+            v.root = Some(Child::Mem(copy.clone()));
+        }
+    }
+    w.delta.merge(delta);
+    w.refs.apply(rc);
+    w.dirty_bytes += dirtied;
+    // Commit by checkpoint: the copies are written and the victims' bytes freed.
+    w.last_lsn = w.last_lsn.next();
+    checkpoint::run(shared, Some(w))?;
+    shared.publish(shared.view_of(w));
+    Ok(moved)
+}
+
+/// The relocation walk. Post-order: a node is copied when it is picked, or when any of
+/// its children or value extents was (so parents see their children's copies first).
+/// Each address is decided once (`copies`), so a shared node gets one copy.
+struct Mover<'a> {
+    shared: &'a Shared,
+    pick: &'a dyn Fn(BlockRef) -> bool,
+    w_epoch: u64,
+    merged_through: u64,
+    keep_pinned: bool,
+    /// Old address → its copy (`None`: decided, not moved).
+    copies: AddrMap<Addr, Option<Arc<Node>>>,
+    /// Old value extent address → its copy.
+    extents: AddrMap<Addr, BlockRef>,
+    /// Per node on the current path: whether it must be copied.
+    stack: Vec<bool>,
+    delta: SpaceDelta,
+    rc: RcDelta,
+    table: &'a AddrMap<Addr, u32>,
+    moved: Moved,
+    dirtied: u64,
+}
+
+impl Mover<'_> {
+    fn count(&self, addr: Addr) -> i64 {
+        i64::from(self.table.get(&addr).copied().unwrap_or(1))
+    }
+
+    fn mark_parent(&mut self) {
+        if let Some(top) = self.stack.last_mut() {
+            *top = true;
+        }
+    }
+
+    /// The copy of value extent `r`, made once.
+    fn move_extent(&mut self, r: BlockRef) -> Result<BlockRef> {
+        if let Some(new) = self.extents.get(&r.addr) {
+            return Ok(*new);
+        }
+        let bytes = self.shared.segments.read(r, "value extent")?;
+        let new = self.shared.segments.append(&bytes)?;
+        // Every leaf pointing at `r` is copied to point at `new` instead.
+        let others = self.count(r.addr) - 1;
+        self.rc.add(&Target::Block(new), others);
+        self.rc.add(&Target::Block(r), -others);
+        self.delta.alloc(new);
+        self.delta.free(r);
+        self.extents.insert(r.addr, new);
+        self.moved.blocks += 1;
+        self.moved.bytes += u64::from(r.len);
+        Ok(new)
+    }
+
+    fn copy(&mut self, old: BlockRef, node: &Node) -> Result<Arc<Node>> {
+        let mut copy = node.dirty_copy(self.w_epoch, self.keep_pinned, self.merged_through);
+        match &mut copy.body {
+            Body::Branch(entries) => {
+                for e in entries {
+                    let Some(r) = e.child.disk_ref() else {
+                        return Err(unsettled());
+                    };
+                    if let Some(Some(n)) = self.copies.get(&r.addr) {
+                        e.child = Child::Mem(n.clone());
+                    }
+                }
+            }
+            Body::Leaf(entries) => {
+                for e in entries {
+                    if let Value::Extent(r) = e.value {
+                        if (self.pick)(r) || self.extents.contains_key(&r.addr) {
+                            e.value = Value::Extent(self.move_extent(r)?);
+                        }
+                    }
+                }
+            }
+        }
+        let copy = Arc::new(copy);
+        // The copy takes over every parent of the original: the count moves.
+        let others = self.count(old.addr) - 1;
+        self.rc.add(&Target::Mem(&copy), others);
+        self.rc.add(&Target::Block(old), -others);
+        self.delta.free(old);
+        self.dirtied += copy.size as u64;
+        self.moved.blocks += 1;
+        self.moved.bytes += u64::from(old.len);
+        Ok(copy)
+    }
+}
+
+fn unsettled() -> Error {
+    Error::InvalidArgument("relocation found an unwritten node after a checkpoint".into())
+}
+
+impl Visitor for Mover<'_> {
+    fn enter(&mut self, at: &At<'_>) -> Result<bool> {
+        let r = at.child.disk_ref().ok_or_else(unsettled)?;
+        match self.copies.get(&r.addr) {
+            Some(copy) => {
+                if copy.is_some() {
+                    self.mark_parent();
+                }
+                Ok(false)
+            }
+            None => Ok(true),
+        }
+    }
+
+    fn visit(&mut self, at: &At<'_>, node: &Arc<Node>) -> Result<bool> {
+        let r = at.child.disk_ref().ok_or_else(unsettled)?;
+        let mut moved = (self.pick)(r);
+        if let Body::Leaf(entries) = &node.body {
+            moved |= entries.iter().any(|e| match e.value {
+                Value::Extent(x) => (self.pick)(x) || self.extents.contains_key(&x.addr),
+                Value::Inline(_) => false,
+            });
+        }
+        self.stack.push(moved);
+        Ok(true)
+    }
+
+    fn leave(&mut self, at: &At<'_>, node: &Arc<Node>) -> Result<()> {
+        let r = at.child.disk_ref().ok_or_else(unsettled)?;
+        let moved = self.stack.pop().unwrap_or(false);
+        if moved {
+            let copy = self.copy(r, node)?;
+            self.copies.insert(r.addr, Some(copy));
+            self.mark_parent();
+        } else {
+            self.copies.insert(r.addr, None);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,167 @@
+//! The cleaner, `defrag` and `shrink` on real files: space comes back, every version
+//! reads the same, and sharing between versions is kept. (The model test in
+//! `tests/versions.rs` interleaves them with clones, drops and power loss on the
+//! simulated file system.)
+
+mod common;
+
+use cambium::{Store, VersionInfo};
+use common::*;
+use std::collections::BTreeMap;
+
+/// `n` keys, every tenth with a value large enough to be stored out of line.
+fn fill(store: &Store, n: usize, round: u64) -> Model {
+    let mut model = Model::new();
+    let mut txn = store.begin_write().unwrap();
+    for i in 0..n {
+        let key = format!("key{i:08}").into_bytes();
+        let len = if i % 10 == 0 { 3000 } else { 100 };
+        let value = vec![b'a' + (round % 26) as u8; len];
+        txn.put(&key, &value).unwrap();
+        model.insert(key, value);
+    }
+    txn.commit().unwrap();
+    model
+}
+
+fn listing(store: &Store) -> BTreeMap<String, VersionInfo> {
+    store
+        .versions()
+        .unwrap()
+        .into_iter()
+        .map(|v| (v.name.clone(), v))
+        .collect()
+}
+
+fn check(store: &Store, version: &str, want: &Model) {
+    let got = dump(&store.read_at(version).unwrap()).unwrap();
+    assert!(
+        diff(&got, want).is_none(),
+        "{version}: {:?}",
+        diff(&got, want)
+    );
+}
+
+#[test]
+fn shrink_brings_the_footprint_down_to_the_live_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let store = Store::create(&path).unwrap();
+    let mut model = Model::new();
+    for round in 0..6 {
+        store.snapshot("main", "old").unwrap();
+        model = fill(&store, 20_000, round);
+        store.checkpoint().unwrap();
+        store.drop_version("old").unwrap();
+        store.checkpoint().unwrap();
+    }
+    let before = store.stats().unwrap();
+    assert!(
+        before.dead_bytes > before.live_bytes,
+        "the workload leaves dead bytes: {before:?}"
+    );
+    let report = store.shrink().unwrap();
+    assert!(report.bytes_moved > 0, "{report:?}");
+    let after = store.stats().unwrap();
+    // The WAL's files are outside the segments; everything else is live data plus a
+    // few checkpoints' metadata.
+    let wal = after.footprint_bytes - after.segment_bytes;
+    assert!(
+        after.footprint_bytes as f64 <= after.live_bytes as f64 * 1.2 + wal as f64,
+        "footprint {} for {} live bytes (+{wal} WAL): {report:?}",
+        after.footprint_bytes,
+        after.live_bytes
+    );
+    assert_eq!(after.live_bytes, before.live_bytes);
+    assert_eq!(report.footprint_after, after.footprint_bytes);
+    assert!(
+        report.footprint_after < report.footprint_before,
+        "{report:?}"
+    );
+    check(&store, "main", &model);
+    assert!(store.verify().unwrap().is_clean());
+    store.close().unwrap();
+    let store = Store::open(&path).unwrap();
+    check(&store, "main", &model);
+    assert!(store.verify().unwrap().is_clean());
+}
+
+#[test]
+fn clean_and_defrag_keep_every_version_and_its_sharing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::create(dir.path().join("db")).unwrap();
+    let mut models = BTreeMap::new();
+    models.insert("s0".to_string(), fill(&store, 5_000, 0));
+    store.snapshot("main", "s0").unwrap();
+    for round in 1..4u64 {
+        // Rewrite a part of main: the snapshots share the rest.
+        let mut m = models[&format!("s{}", round - 1)].clone();
+        let mut txn = store.begin_write().unwrap();
+        for i in (0..5_000).step_by(3 + round as usize) {
+            let key = format!("key{i:08}").into_bytes();
+            let value = vec![b'0' + round as u8; if i % 7 == 0 { 2000 } else { 50 }];
+            txn.put(&key, &value).unwrap();
+            m.insert(key, value);
+        }
+        txn.commit().unwrap();
+        let name = format!("s{round}");
+        store.snapshot("main", &name).unwrap();
+        store.branch(&name, &format!("b{round}")).unwrap();
+        models.insert(format!("b{round}"), m.clone());
+        models.insert(name, m);
+        store.checkpoint().unwrap();
+    }
+    models.insert("main".into(), models["s3"].clone());
+    let before = listing(&store);
+    let cleaned = store.clean(0.0).unwrap();
+    assert!(cleaned.bytes_moved > 0, "{cleaned:?}");
+    assert_eq!(listing(&store), before, "clean changed the versions' space");
+    let defragged = store.defrag(Some("s1")).unwrap();
+    assert!(defragged.blocks_moved > 0, "{defragged:?}");
+    let all = store.defrag(None).unwrap();
+    assert!(all.blocks_moved > 0, "{all:?}");
+    assert_eq!(
+        listing(&store),
+        before,
+        "defrag changed the versions' space"
+    );
+    for (name, m) in &models {
+        check(&store, name, m);
+    }
+    let report = store.verify().unwrap();
+    assert!(report.is_clean(), "{report:?}");
+}
+
+/// The soak: rounds of "snapshot, rewrite the working set, drop the snapshot",
+/// each in its own open (as CLI commands are), with a clean every few rounds: the
+/// footprint stays within a bound instead of growing with the rounds.
+#[test]
+fn footprint_stays_bounded_over_many_rounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    Store::create(&path).unwrap().close().unwrap();
+    let mut model = Model::new();
+    let mut peak = 0;
+    for round in 0..24 {
+        let store = Store::open(&path).unwrap();
+        store.snapshot("main", "snap").unwrap();
+        model = fill(&store, 8_000, round);
+        store.drop_version("snap").unwrap();
+        if round % 4 == 3 {
+            store.clean(25.0).unwrap();
+        }
+        let stats = store.stats().unwrap();
+        peak = peak.max(stats.footprint_bytes);
+        store.close().unwrap();
+    }
+    let store = Store::open(&path).unwrap();
+    check(&store, "main", &model);
+    let stats = store.stats().unwrap();
+    // One round writes about 3 MiB of data; 24 rounds without cleaning leave ~70 MiB.
+    assert!(
+        peak < 6 * stats.live_bytes + (16 << 20),
+        "footprint peaked at {peak} for {} live bytes",
+        stats.live_bytes
+    );
+    assert!(store.verify().unwrap().is_clean());
+}
