@@ -75,7 +75,9 @@ mod txn;
 
 mod versions;
 
-// The cleaner: relocation for clean, defrag and shrink.
+// Who references a block; the cleaner: relocation for clean, defrag and shrink.
+mod refs;
+
 mod clean;
 
 mod stats;
@@ -93,6 +95,7 @@ pub use limits::{
     check_key, check_value, prefix_successor, INLINE_VALUE_MAX, MAX_KEY_LEN, MAX_VALUE_LEN,
 };
 pub use options::{Durability, Options};
+pub use refs::{BlockAddress, BlockKind, BlockRefs};
 pub use stats::Stats;
 pub use store::Store;
 pub use txn::{Iter, Keys, ReadTxn, WriteTxn};

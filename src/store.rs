@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::io::{StdVfs, Vfs};
 use crate::options::{Durability, Options};
 use crate::recovery;
+use crate::refs::{self, BlockRefs};
 use crate::stats::{self, Stats};
 use crate::sync::lock;
 use crate::txn::{ReadTxn, WriteTxn};
@@ -274,6 +275,13 @@ impl Store {
     pub fn shrink_with_progress(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<CleanReport> {
         self.shared.check_writable()?;
         clean::shrink(&self.shared, progress)
+    }
+
+    /// The live blocks of segment `segment` (nodes and out-of-line values), each with
+    /// the parent nodes that point at it, the key it sits under and the versions that
+    /// reach it, in address order. A segment that does not exist has none.
+    pub fn backrefs(&self, segment: u32) -> Result<Vec<BlockRefs>> {
+        Ok(refs::walk_index(&self.shared)?.segment(crate::format::SegmentId(segment)))
     }
 
     /// Sizes, counts and cache figures.

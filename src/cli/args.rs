@@ -165,6 +165,46 @@ pub enum Command {
         #[arg(long)]
         keys_only: bool,
     },
+    /// Run the cleaner now: move the live blocks out of the segments with the most
+    /// dead space, then delete them. Prints bytes moved and freed.
+    ///
+    /// Segments are chosen by cost-benefit (space freed times age, over the cost of
+    /// moving the live part) until dead bytes are below PCT percent of the segment
+    /// bytes. Every version keeps its data and its sharing.
+    Clean {
+        /// The store directory.
+        dir: PathBuf,
+        /// Stop once dead bytes are below this percentage of the segment bytes.
+        #[arg(long, value_name = "PCT", default_value_t = 10.0, value_parser = parse_percent)]
+        until_dead_below: f64,
+    },
+    /// Rewrite a version's tree nodes in key order, so its scans read sequentially
+    /// (every version when none is named). Nodes shared with other versions stay
+    /// shared.
+    Defrag {
+        /// The store directory.
+        dir: PathBuf,
+        /// The version to defragment (default: every version).
+        version: Option<String>,
+    },
+    /// Move every live block out of segments holding dead bytes and delete them, so
+    /// the store's footprint drops to about its live data. Prints the old and new
+    /// footprint.
+    Shrink {
+        /// The store directory.
+        dir: PathBuf,
+    },
+    /// Print who references the live blocks of one segment: for each block its
+    /// address, kind (leaf, branch or value), size and key, the parent nodes that
+    /// point at it, and the versions that reach it.
+    Backrefs {
+        /// The store directory.
+        dir: PathBuf,
+        /// The segment's number: decimal, or hex with 0x as in its file name
+        /// (seg-0000000a.dat is 10 or 0xa).
+        #[arg(long, value_name = "N", value_parser = parse_segment)]
+        segment: u32,
+    },
     /// A guided tour: create a store in a temporary directory, load data, read it
     /// back, show stats, make and compare versions, verify it, and explain each step.
     Tour {
@@ -204,4 +244,26 @@ pub struct ScanArgs {
     /// Print only the keys (out-of-line values are never read).
     #[arg(long)]
     pub keys_only: bool,
+}
+
+/// A percentage from 0 to 100.
+fn parse_percent(s: &str) -> Result<f64, String> {
+    let p: f64 = s
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number"))?;
+    if (0.0..=100.0).contains(&p) {
+        Ok(p)
+    } else {
+        Err(format!("{s} is not between 0 and 100"))
+    }
+}
+
+/// A segment number: decimal, or hex with a 0x prefix.
+fn parse_segment(s: &str) -> Result<u32, String> {
+    let parsed = match s.strip_prefix("0x") {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => s.parse(),
+    };
+    parsed.map_err(|_| format!("{s:?} is not a segment number"))
 }

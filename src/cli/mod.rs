@@ -14,6 +14,7 @@ mod data; // put, get, del, scan
 mod error; // CliError and the exit codes
 mod open; // opening a store, a branch to write, a version to read
 mod output; // printing pairs, JSON, counts, the spinner
+mod space; // clean, defrag, shrink, backrefs
 mod tour; // tour: the guided walk
 mod versions; // snapshot, branch, versions, drop, diff
 
@@ -100,6 +101,13 @@ fn dispatch(cli: Cli) -> CliResult {
             b,
             keys_only,
         } => versions::diff(&ctx, &mut out, dir, a, b, *keys_only),
+        Command::Clean {
+            dir,
+            until_dead_below,
+        } => space::clean(&ctx, &mut out, dir, *until_dead_below),
+        Command::Defrag { dir, version } => space::defrag(&ctx, &mut out, dir, version.as_deref()),
+        Command::Shrink { dir } => space::shrink(&ctx, &mut out, dir),
+        Command::Backrefs { dir, segment } => space::backrefs(&ctx, &mut out, dir, *segment),
         Command::Tour { keys, keep } => tour::tour(&ctx, &mut out, *keys, *keep),
     };
     // Whatever was printed before a failure still goes out.

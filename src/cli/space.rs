@@ -1,0 +1,154 @@
+//! The commands that give space back: `clean`, `defrag`, `shrink`, and `backrefs`,
+//! which says who references the blocks of one segment.
+
+use super::codec::human_bytes;
+use super::error::{output_error, CliResult};
+use super::open::{check_at, open_read_only, with_writable};
+use super::output::{plural, print_json};
+use super::Ctx;
+use cambium::CleanReport;
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+
+/// `cambium clean DIR [--until-dead-below PCT]`
+pub fn clean(ctx: &Ctx, out: &mut impl Write, dir: &Path, dead_below: f64) -> CliResult {
+    let report = with_writable(dir, |store| {
+        with_progress("cleaning", |progress| {
+            Ok(store.clean_with_progress(dead_below, progress)?)
+        })
+    })?;
+    print_report(ctx, out, &report)
+}
+
+/// `cambium defrag DIR [VERSION]`
+pub fn defrag(ctx: &Ctx, out: &mut impl Write, dir: &Path, version: Option<&str>) -> CliResult {
+    check_at(version)?;
+    let report = with_writable(dir, |store| Ok(store.defrag(version)?))?;
+    print_report(ctx, out, &report)
+}
+
+/// `cambium shrink DIR`
+pub fn shrink(ctx: &Ctx, out: &mut impl Write, dir: &Path) -> CliResult {
+    let report = with_writable(dir, |store| {
+        with_progress("shrinking", |progress| {
+            Ok(store.shrink_with_progress(progress)?)
+        })
+    })?;
+    print_report(ctx, out, &report)
+}
+
+/// Runs `f` with a progress bar of bytes moved on stderr, when it is a terminal.
+fn with_progress<T>(
+    what: &str,
+    f: impl FnOnce(&mut dyn FnMut(u64, u64)) -> CliResult<T>,
+) -> CliResult<T> {
+    if !std::io::stderr().is_terminal() {
+        return f(&mut |_, _| {});
+    }
+    let pb = indicatif::ProgressBar::new(1);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(&format!(
+        "{what} {{bar:30}} {{bytes}}/{{total_bytes}} moved [{{elapsed}}]"
+    )) {
+        pb.set_style(style);
+    }
+    let result = f(&mut |done, total| {
+        pb.set_length(total.max(1));
+        pb.set_position(done);
+    });
+    pb.finish_and_clear();
+    result
+}
+
+fn print_report(ctx: &Ctx, out: &mut impl Write, r: &CleanReport) -> CliResult {
+    if ctx.json {
+        return print_json(out, r);
+    }
+    writeln!(
+        out,
+        "moved {} ({}); freed {} ({} deleted)\nfootprint {} -> {}",
+        human_bytes(r.bytes_moved),
+        plural(r.blocks_moved, "block", "blocks"),
+        human_bytes(r.bytes_freed),
+        plural(r.segments_deleted, "segment file", "segment files"),
+        human_bytes(r.footprint_before),
+        human_bytes(r.footprint_after),
+    )
+    .map_err(output_error)
+}
+
+/// `cambium backrefs DIR --segment N`
+pub fn backrefs(ctx: &Ctx, out: &mut impl Write, dir: &Path, segment: u32) -> CliResult {
+    let store = open_read_only(dir)?;
+    let blocks = store.backrefs(segment)?;
+    if ctx.json {
+        return print_json(out, &JsonBlocks::new(ctx, segment, &blocks));
+    }
+    writeln!(
+        out,
+        "segment {segment}: {} referenced",
+        plural(blocks.len() as u64, "live block", "live blocks")
+    )
+    .map_err(output_error)?;
+    for b in &blocks {
+        let parents: Vec<String> = b
+            .parents
+            .iter()
+            .map(|p| format!("{}:{}", p.segment, p.offset))
+            .collect();
+        writeln!(
+            out,
+            "{}:{}\t{}\t{}\tkey {}\tparents {}\tversions {}",
+            b.segment,
+            b.offset,
+            b.kind,
+            human_bytes(u64::from(b.len)),
+            ctx.enc.show(&b.key),
+            if parents.is_empty() {
+                "(root)".to_string()
+            } else {
+                parents.join(",")
+            },
+            b.versions.join(","),
+        )
+        .map_err(output_error)?;
+    }
+    Ok(())
+}
+
+/// `backrefs --json`: keys encoded as the other commands print them.
+#[derive(serde::Serialize)]
+struct JsonBlocks<'a> {
+    segment: u32,
+    blocks: Vec<JsonBlock<'a>>,
+}
+
+#[derive(serde::Serialize)]
+struct JsonBlock<'a> {
+    segment: u32,
+    offset: u64,
+    len: u32,
+    kind: cambium::BlockKind,
+    key: String,
+    parents: &'a [cambium::BlockAddress],
+    versions: &'a [String],
+}
+
+impl<'a> JsonBlocks<'a> {
+    fn new(ctx: &Ctx, segment: u32, blocks: &'a [cambium::BlockRefs]) -> Self {
+        JsonBlocks {
+            segment,
+            blocks: blocks
+                .iter()
+                .map(|b| JsonBlock {
+                    segment: b.segment,
+                    offset: b.offset,
+                    len: b.len,
+                    kind: b.kind,
+                    key: ctx.enc.json_string(&b.key),
+                    parents: &b.parents,
+                    versions: &b.versions,
+                })
+                .collect(),
+        }
+    }
+}
