@@ -46,6 +46,14 @@ use std::sync::Arc;
 /// memory until the round's checkpoint writes them.
 const ROUND_BYTES: u64 = 64 << 20;
 
+/// Automatic cleaning starts only past this many dead bytes: below it, the space is
+/// not worth the moves.
+const AUTO_CLEAN_MIN_DEAD: u64 = 16 << 20;
+
+/// Automatic cleaning moves at most this much per run, so that no single checkpoint
+/// or close pays for a whole store's worth of cleaning.
+const AUTO_CLEAN_MAX_MOVED: u64 = 2 * ROUND_BYTES;
+
 /// What one run of the cleaner, `defrag` or `shrink` did.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct CleanReport {
@@ -90,6 +98,35 @@ pub(crate) fn clean(
     dead_below: f64,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<CleanReport> {
+    clean_at_most(shared, dead_below, u64::MAX, progress)
+}
+
+/// Cleans when [`crate::Options::auto_clean_dead_percent`] says it is due: dead bytes
+/// past the threshold (and past `AUTO_CLEAN_MIN_DEAD`), down to half the threshold,
+/// moving at most `AUTO_CLEAN_MAX_MOVED`. Returns whether it cleaned.
+pub(crate) fn auto_clean(shared: &Shared) -> Result<bool> {
+    let Some(percent) = shared.opts.auto_clean_dead_percent else {
+        return Ok(false);
+    };
+    let segments = segment_uses(shared)?;
+    let total: u64 = segments.iter().map(|s| s.size).sum();
+    let dead: u64 = segments.iter().map(SegmentUse::dead).sum();
+    #[expect(clippy::cast_precision_loss, reason = "a percentage")]
+    let dead_percent = dead as f64 * 100.0 / total.max(1) as f64;
+    if dead < AUTO_CLEAN_MIN_DEAD || dead_percent <= percent {
+        return Ok(false);
+    }
+    clean_at_most(shared, percent / 200.0, AUTO_CLEAN_MAX_MOVED, &mut |_, _| {})?;
+    Ok(true)
+}
+
+/// [`clean`], stopping after the round that passes `max_moved` live bytes.
+fn clean_at_most(
+    shared: &Shared,
+    dead_below: f64,
+    max_moved: u64,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<CleanReport> {
     let mut report = CleanReport {
         footprint_before: footprint(shared)?,
         ..CleanReport::default()
@@ -115,6 +152,9 @@ pub(crate) fn clean(
         report.segments_cleaned += round.len() as u64;
         moved += round.iter().map(|s| s.live).sum::<u64>();
         progress(moved, total);
+        if moved >= max_moved {
+            break;
+        }
     }
     settle_deletions(shared)?;
     finish_report(shared, &mut report, &before)?;

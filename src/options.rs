@@ -24,6 +24,11 @@ pub struct Options {
     pub read_only: bool,
     /// Checkpoint when the store is closed or dropped, so the next open replays nothing.
     pub checkpoint_on_close: bool,
+    /// Clean on its own (after background checkpoints, and when the store is closed)
+    /// once dead bytes pass this percentage of the segment bytes (and at least
+    /// 16 MiB), down to half of it, moving at most 128 MiB each time; `None` leaves
+    /// cleaning to [`crate::Store::clean`].
+    pub auto_clean_dead_percent: Option<f64>,
     /// The file system to use; `None` means real files in the store directory.
     pub vfs: Option<Arc<dyn Vfs>>,
 }
@@ -38,6 +43,7 @@ impl Default for Options {
             background_checkpoints: true,
             read_only: false,
             checkpoint_on_close: true,
+            auto_clean_dead_percent: Some(50.0),
             vfs: None,
         }
     }
@@ -53,6 +59,7 @@ impl std::fmt::Debug for Options {
             .field("background_checkpoints", &self.background_checkpoints)
             .field("read_only", &self.read_only)
             .field("checkpoint_on_close", &self.checkpoint_on_close)
+            .field("auto_clean_dead_percent", &self.auto_clean_dead_percent)
             .field("vfs", &self.vfs.as_ref().map(|_| "custom"))
             .finish()
     }

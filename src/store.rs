@@ -325,6 +325,12 @@ fn shutdown(shared: &Shared) -> Result<()> {
     if shared.opts.read_only {
         return Ok(());
     }
+    if shared.opts.checkpoint_on_close && shared.check_writable().is_ok() {
+        // Processes that open, write and close (the CLI) never see a background
+        // thread: their closes clean, a bounded amount at a time. Best effort: a
+        // failure that matters has poisoned the store, which is reported next.
+        let _ = clean::auto_clean(shared);
+    }
     if let Some(why) = lock(&shared.poisoned).as_ref() {
         // Commits not yet durable could not be made so: say it.
         return Err(Error::Poisoned(why.clone()));
@@ -387,6 +393,9 @@ fn background_loop(weak: &Weak<Shared>, signal: &Signal, interval: Option<Durati
         if due && shared.check_writable().is_ok() {
             // An error poisons the store inside `run`; the thread just carries on idle.
             let _ = checkpoint::run(&shared, None);
+            // Cleaning after a checkpoint: the usage table it reads is fresh. An
+            // error here poisons like a checkpoint's, or leaves the store as it was.
+            let _ = clean::auto_clean(&shared);
         }
     }
 }
