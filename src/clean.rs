@@ -116,7 +116,12 @@ pub(crate) fn auto_clean(shared: &Shared) -> Result<bool> {
     if dead < AUTO_CLEAN_MIN_DEAD || dead_percent <= percent {
         return Ok(false);
     }
-    clean_at_most(shared, percent / 200.0, AUTO_CLEAN_MAX_MOVED, &mut |_, _| {})?;
+    clean_at_most(
+        shared,
+        percent / 200.0,
+        AUTO_CLEAN_MAX_MOVED,
+        &mut |_, _| {},
+    )?;
     Ok(true)
 }
 

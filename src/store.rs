@@ -15,7 +15,7 @@ use crate::clean::{self, CleanReport};
 use crate::commit;
 use crate::engine::{Shared, Signal};
 use crate::error::{Error, Result};
-use crate::io::{StdVfs, Vfs};
+use crate::io::{Reserve, ReserveVfs, StdVfs, Vfs};
 use crate::options::{Durability, Options};
 use crate::recovery;
 use crate::refs::{self, BlockRefs};
@@ -32,16 +32,18 @@ use std::time::Duration;
 #[derive(Clone)]
 pub struct Store {
     shared: Arc<Shared>,
+    /// Space held back for the commands that free space on a full disk.
+    reserve: Arc<Reserve>,
     /// Shuts the store down when the last handle goes.
     _closer: Arc<Closer>,
 }
 
 /// Runs the shutdown when dropped (held once, shared by every handle).
-struct Closer(Arc<Shared>);
+struct Closer(Arc<Shared>, Arc<Reserve>);
 
 impl Drop for Closer {
     fn drop(&mut self) {
-        let _ = shutdown(&self.0);
+        let _ = shutdown(&self.0, &self.1);
     }
 }
 
@@ -75,7 +77,10 @@ impl Store {
             }
         };
         recovery::create(&vfs, &dir.display().to_string())?;
-        Self::open_with(dir, opts)
+        let store = Self::open_with(dir, opts)?;
+        // Best effort: on a disk too full for it, a later close allocates it.
+        let _ = store.reserve.restore();
+        Ok(store)
     }
 
     /// Opens an existing store with default options.
@@ -99,6 +104,7 @@ impl Store {
                 Arc::new(StdVfs::new(dir))
             }
         };
+        let (vfs, reserve) = ReserveVfs::wrap(vfs);
         let shared = recovery::open(vfs, dir, label, opts)?;
         if !shared.opts.read_only && shared.opts.background_checkpoints {
             start_background(&shared);
@@ -107,7 +113,8 @@ impl Store {
             }
         }
         Ok(Store {
-            _closer: Arc::new(Closer(shared.clone())),
+            _closer: Arc::new(Closer(shared.clone(), reserve.clone())),
+            reserve,
             shared,
         })
     }
@@ -193,6 +200,7 @@ impl Store {
     /// share, which just lose a reference). [`Store::finish_drops`] runs it to the
     /// end. Versions made from this one keep all their data.
     pub fn drop_version(&self, name: &str) -> Result<()> {
+        self.reserve.allow();
         versions::drop_version(&self.shared, name)
     }
 
@@ -201,12 +209,14 @@ impl Store {
     /// without one ([`Options::background_checkpoints`] off) and want to spread a big
     /// drop over their own idle time.
     pub fn drop_step(&self, max_nodes: usize) -> Result<bool> {
+        self.reserve.allow();
         versions::drop_step(&self.shared, max_nodes.max(1))
     }
 
     /// Runs the reclamation of dropped versions to the end (it otherwise proceeds in
     /// the background). The space it frees is reusable after the next checkpoint.
     pub fn finish_drops(&self) -> Result<()> {
+        self.reserve.allow();
         versions::finish_drops(&self.shared)
     }
 
@@ -255,12 +265,14 @@ impl Store {
             )));
         }
         self.shared.check_writable()?;
+        self.reserve.allow();
         clean::clean(&self.shared, dead_below_percent / 100.0, progress)
     }
 
     /// Rewrites the nodes of `version` (every version for `None`) in key order, so its
     /// scans read sequentially. Nodes it shares with other versions stay shared.
     pub fn defrag(&self, version: Option<&str>) -> Result<CleanReport> {
+        self.reserve.allow();
         self.shared.check_writable()?;
         clean::defrag(&self.shared, version)
     }
@@ -273,6 +285,7 @@ impl Store {
 
     /// [`Store::shrink`], calling `progress` with the bytes moved so far and in all.
     pub fn shrink_with_progress(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<CleanReport> {
+        self.reserve.allow();
         self.shared.check_writable()?;
         clean::shrink(&self.shared, progress)
     }
@@ -302,13 +315,13 @@ impl Store {
     /// Stops background work and, unless disabled, checkpoints. Other handles to the
     /// same store become unusable for writes.
     pub fn close(self) -> Result<()> {
-        shutdown(&self.shared)
+        shutdown(&self.shared, &self.reserve)
     }
 }
 
 /// Stops the background thread and makes every acknowledged commit durable (and,
 /// unless disabled, checkpointed). Runs once; later calls return at once.
-fn shutdown(shared: &Shared) -> Result<()> {
+fn shutdown(shared: &Shared, reserve: &Reserve) -> Result<()> {
     {
         let mut closed = lock(&shared.closed);
         if *closed {
@@ -341,6 +354,9 @@ fn shutdown(shared: &Shared) -> Result<()> {
     if shared.opts.checkpoint_on_close && shared.has_unwritten() {
         checkpoint::run(shared, None)?;
     }
+    // Space freed by this session comes back as the reserve first. Best effort: a
+    // disk still full leaves it for a later close.
+    let _ = reserve.restore();
     Ok(())
 }
 

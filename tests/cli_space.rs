@@ -57,9 +57,13 @@ fn clean_shrink_defrag_and_backrefs_report_and_keep_the_data() {
         "{out}"
     );
     let json: serde_json::Value =
-        serde_json::from_str(&ok(run(&["clean", d, "--until-dead-below", "0", "--json"])))
-            .unwrap();
-    for field in ["bytes_moved", "bytes_freed", "footprint_before", "footprint_after"] {
+        serde_json::from_str(&ok(run(&["clean", d, "--until-dead-below", "0", "--json"]))).unwrap();
+    for field in [
+        "bytes_moved",
+        "bytes_freed",
+        "footprint_before",
+        "footprint_after",
+    ] {
         assert!(json[field].is_u64(), "{field} in {json}");
     }
     let out = ok(run(&["defrag", d, "s1"]));
@@ -112,7 +116,10 @@ fn clean_shrink_defrag_and_backrefs_report_and_keep_the_data() {
     }
     assert!(blocks > 0);
     let text = ok(run(&["backrefs", d, "--segment", &segments[0].to_string()]));
-    assert!(text.starts_with(&format!("segment {}:", segments[0])), "{text}");
+    assert!(
+        text.starts_with(&format!("segment {}:", segments[0])),
+        "{text}"
+    );
 }
 
 #[test]
@@ -169,9 +176,15 @@ fn kill9_during_clean_shrink_and_defrag_loses_nothing() {
         };
         kill_after(command, Duration::from_millis(rng.range(0, 80)));
         let verify = ok(run(&["verify", d]));
-        assert!(verify.ends_with("clean\n"), "after killing {command:?}: {verify}");
+        assert!(
+            verify.ends_with("clean\n"),
+            "after killing {command:?}: {verify}"
+        );
         let after: Vec<String> = versions.iter().map(|v| scan(d, v)).collect();
-        assert!(before == after, "after killing {command:?}: a version changed");
+        assert!(
+            before == after,
+            "after killing {command:?}: a version changed"
+        );
     }
 }
 

@@ -12,8 +12,12 @@
 //! - a write that was not synced may be lost entirely or partially (torn at any
 //!   512-byte boundary); writes that were synced are never lost or torn.
 
+mod reserve;
 pub mod sim;
 mod std_vfs;
+
+pub(crate) use reserve::{Reserve, ReserveVfs};
+pub use reserve::{RESERVE_BYTES, RESERVE_FILE};
 
 pub use std_vfs::StdVfs;
 

@@ -85,6 +85,9 @@ struct Inner {
     reads: u64,
     read_fail_from: Option<u64>,
     read_fail_once_at: Option<u64>,
+    /// The disk's size: a write or `set_len` that would take the files past it fails
+    /// with `StorageFull` (ENOSPC), as on a full disk.
+    capacity: Option<u64>,
 }
 
 fn power_loss() -> io::Error {
@@ -158,6 +161,34 @@ impl Inner {
     }
 
     /// Accounts for one mutating operation; errors if a fault is armed for it.
+    /// Bytes the files take, as on a real disk: those with a name, and removed ones
+    /// still open. (A removed file's durable bytes kept for a crash image do not
+    /// count: the disk gave them back at the unlink.)
+    fn used_bytes(&self) -> u64 {
+        let named: std::collections::BTreeSet<u64> = self.current_ns.values().copied().collect();
+        self.files
+            .iter()
+            .filter(|(id, f)| named.contains(id) || f.handles > 0)
+            .map(|(_, f)| f.current.len() as u64)
+            .sum()
+    }
+
+    /// Fails with `StorageFull` if file `id` growing to `new_len` would pass the
+    /// capacity.
+    fn check_space(&mut self, id: u64, new_len: u64) -> io::Result<()> {
+        let Some(capacity) = self.capacity else {
+            return Ok(());
+        };
+        let old_len = self.file(id).current.len() as u64;
+        if new_len > old_len && self.used_bytes() + (new_len - old_len) > capacity {
+            return Err(io::Error::new(
+                io::ErrorKind::StorageFull,
+                "no space left on device (simulated)",
+            ));
+        }
+        Ok(())
+    }
+
     fn mutate(&mut self) -> io::Result<()> {
         self.check_alive()?;
         let index = self.ops;
@@ -444,6 +475,17 @@ impl SimVfs {
         inner.read_fail_once_at = reads.map(|n| inner.reads + n);
     }
 
+    /// Makes the disk `bytes` large (`None`: unlimited): writes that would take the
+    /// files past it fail with `StorageFull`.
+    pub fn set_capacity(&self, bytes: Option<u64>) {
+        self.lock_inner().capacity = bytes;
+    }
+
+    /// Bytes the files take now.
+    pub fn used_bytes(&self) -> u64 {
+        self.lock_inner().used_bytes()
+    }
+
     /// `read_exact_at` calls so far (failed ones included).
     pub fn read_count(&self) -> u64 {
         self.lock_inner().reads
@@ -584,6 +626,7 @@ impl VFile for SimFile {
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         let mut inner = self.lock_inner();
         inner.mutate()?;
+        inner.check_space(self.id, offset + buf.len() as u64)?;
         let f = inner.file(self.id);
         apply_write(&mut f.current, offset, buf);
         f.pending.push(Pending::Write {
@@ -622,6 +665,7 @@ impl VFile for SimFile {
     fn set_len(&self, len: u64) -> io::Result<()> {
         let mut inner = self.lock_inner();
         inner.mutate()?;
+        inner.check_space(self.id, len)?;
         let f = inner.file(self.id);
         f.current.resize(len as usize, 0);
         f.pending.push(Pending::SetLen(len));

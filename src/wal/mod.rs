@@ -210,7 +210,12 @@ impl Wal {
                 self.vfs.open(&name)?
             } else {
                 let f = self.vfs.create(&name)?;
-                f.write_all_at(&vec![0u8; PREALLOC_BYTES], 0)?;
+                match f.write_all_at(&vec![0u8; PREALLOC_BYTES], 0) {
+                    // A nearly full disk: grow the file as records come instead,
+                    // so that a drop's small record still fits.
+                    Err(e) if e.kind() == std::io::ErrorKind::StorageFull => f.set_len(0)?,
+                    other => other?,
+                }
                 f.sync()?;
                 f
             };

@@ -1,0 +1,193 @@
+//! Space held back for deletes: a file of zeros (`reserve`) that a full disk gives
+//! back to the commands that free space.
+//!
+//! On a full disk every write fails, including the ones that `drop`, the cleaner and
+//! the checkpoint after them need (a WAL record, the metadata, moved blocks) in order
+//! to free anything. So a store keeps [`RESERVE_BYTES`] allocated in a file of its
+//! own. [`ReserveVfs`] wraps the store's file system: once a space-freeing command
+//! has called [`Reserve::allow`], a write that fails with `StorageFull` deletes the
+//! reserve file and is retried once. Ordinary writes never touch it, so a full disk
+//! still refuses a `put` but accepts the `drop` that makes room. When the store is
+//! closed, [`Reserve::restore`] allocates the file again if there is room (else the
+//! next close tries again).
+
+use super::{VFile, Vfs};
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// The reserve file's name in the store directory.
+pub const RESERVE_FILE: &str = "reserve";
+
+/// Bytes held back: room for a new WAL file, a checkpoint's metadata and nodes, and
+/// a cleaning round's first moves on a disk that is otherwise full.
+pub const RESERVE_BYTES: u64 = 16 << 20;
+
+/// The reserve's state, shared by the wrapper and the store.
+pub struct Reserve {
+    inner: Arc<dyn Vfs>,
+    /// Set by a space-freeing command: a full disk may take the reserve.
+    allowed: AtomicBool,
+}
+
+impl Reserve {
+    /// Lets writes that hit a full disk use the reserve, from now until the next
+    /// [`Reserve::restore`]. Called by the commands that free space.
+    pub fn allow(&self) {
+        self.allowed.store(true, Ordering::SeqCst);
+    }
+
+    /// Gives the reserve back to a write that failed with `StorageFull`, if allowed
+    /// and still held. Returns whether the write should be retried.
+    fn release(&self) -> bool {
+        if !self.allowed.load(Ordering::SeqCst) {
+            return false;
+        }
+        match self.inner.remove(RESERVE_FILE) {
+            // The removal need not be durable: a crash that brings the file back
+            // brings back the space it held too.
+            Ok(()) => true,
+            Err(_) => false,
+        }
+    }
+
+    /// Allocates the reserve file again if it is missing and there is room, and
+    /// stops letting writes use it. Returns whether the reserve is in place. A full
+    /// disk is not an error: the partial file is removed and a later call retries.
+    pub fn restore(&self) -> io::Result<bool> {
+        self.allowed.store(false, Ordering::SeqCst);
+        if self.inner.exists(RESERVE_FILE)? {
+            return Ok(true);
+        }
+        let tmp = format!("{RESERVE_FILE}.tmp");
+        if self.inner.exists(&tmp)? {
+            self.inner.remove(&tmp)?;
+        }
+        let filled = (|| {
+            let file = self.inner.create(&tmp)?;
+            // Written, not just extended: a sparse file would hold nothing back.
+            let chunk = vec![0u8; 1 << 20];
+            let mut at = 0;
+            while at < RESERVE_BYTES {
+                file.write_all_at(&chunk, at)?;
+                at += chunk.len() as u64;
+            }
+            file.sync()
+        })();
+        match filled {
+            Ok(()) => {
+                self.inner.rename(&tmp, RESERVE_FILE)?;
+                self.inner.sync_dir()?;
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::StorageFull => {
+                self.inner.remove(&tmp)?;
+                Ok(false)
+            }
+            Err(e) => {
+                let _ = self.inner.remove(&tmp);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// A file system whose writes may use the reserve (see the module docs).
+pub struct ReserveVfs {
+    inner: Arc<dyn Vfs>,
+    reserve: Arc<Reserve>,
+}
+
+impl ReserveVfs {
+    /// Wraps `inner`; returns the wrapper and the reserve's handle.
+    pub fn wrap(inner: Arc<dyn Vfs>) -> (Arc<dyn Vfs>, Arc<Reserve>) {
+        let reserve = Arc::new(Reserve {
+            inner: inner.clone(),
+            allowed: AtomicBool::new(false),
+        });
+        let vfs = Arc::new(ReserveVfs {
+            inner,
+            reserve: reserve.clone(),
+        });
+        (vfs, reserve)
+    }
+
+    fn file(&self, inner: Arc<dyn VFile>) -> Arc<dyn VFile> {
+        Arc::new(ReserveFile {
+            inner,
+            reserve: self.reserve.clone(),
+        })
+    }
+}
+
+/// Runs `op`; on a full disk, releases the reserve (if allowed) and runs it again.
+fn retry_full<T>(reserve: &Reserve, op: impl Fn() -> io::Result<T>) -> io::Result<T> {
+    match op() {
+        Err(e) if e.kind() == io::ErrorKind::StorageFull && reserve.release() => op(),
+        other => other,
+    }
+}
+
+struct ReserveFile {
+    inner: Arc<dyn VFile>,
+    reserve: Arc<Reserve>,
+}
+
+impl VFile for ReserveFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.inner.read_exact_at(buf, offset)
+    }
+
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        // Rewriting the same bytes at the same offset is idempotent, so a write that
+        // failed part-way is simply issued again.
+        retry_full(&self.reserve, || self.inner.write_all_at(buf, offset))
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        retry_full(&self.reserve, || self.inner.sync())
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        retry_full(&self.reserve, || self.inner.set_len(len))
+    }
+}
+
+impl Vfs for ReserveVfs {
+    fn open(&self, name: &str) -> io::Result<Arc<dyn VFile>> {
+        Ok(self.file(self.inner.open(name)?))
+    }
+
+    fn create(&self, name: &str) -> io::Result<Arc<dyn VFile>> {
+        let file = retry_full(&self.reserve, || self.inner.create(name))?;
+        Ok(self.file(file))
+    }
+
+    fn remove(&self, name: &str) -> io::Result<()> {
+        self.inner.remove(name)
+    }
+
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        retry_full(&self.reserve, || self.inner.rename(from, to))
+    }
+
+    fn exists(&self, name: &str) -> io::Result<bool> {
+        self.inner.exists(name)
+    }
+
+    fn list(&self) -> io::Result<Vec<String>> {
+        self.inner.list()
+    }
+
+    fn sync_dir(&self) -> io::Result<()> {
+        retry_full(&self.reserve, || self.inner.sync_dir())
+    }
+
+    fn lock(&self, exclusive: bool) -> io::Result<Box<dyn Send + Sync>> {
+        self.inner.lock(exclusive)
+    }
+}

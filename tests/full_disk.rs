@@ -1,0 +1,101 @@
+//! A full disk: a `put` is refused, but `drop` (and the checkpoint and clean after
+//! it) still work, using the space the store holds back in its reserve file, and
+//! give the space back. Runs on the simulated file system with a capacity.
+
+mod common;
+
+use cambium::io::sim::SimVfs;
+use cambium::io::{RESERVE_BYTES, RESERVE_FILE};
+use cambium::{Error, Store};
+use common::*;
+
+fn is_full(e: &Error) -> bool {
+    match e {
+        Error::Io(io) => io.kind() == std::io::ErrorKind::StorageFull,
+        Error::Poisoned(why) => why.contains("space"),
+        _ => false,
+    }
+}
+
+/// Puts until the disk is full; returns the model of what was acknowledged.
+fn fill_until_full(store: &Store, model: &mut Model, rng: &mut Rng) -> Error {
+    for i in 0.. {
+        let key = format!("fill{i:08}").into_bytes();
+        let value = rng.bytes(20_000);
+        match store.put(&key, &value) {
+            Ok(()) => {
+                model.insert(key, value);
+            }
+            Err(e) => return e,
+        }
+    }
+    unreachable!()
+}
+
+#[test]
+fn drop_and_clean_work_on_a_full_disk_and_give_the_space_back() {
+    let vfs = SimVfs::new();
+    let mut rng = Rng::new(7);
+    let store = create_sim(&vfs);
+    assert!(
+        vfs.file_len(RESERVE_FILE) == Some(RESERVE_BYTES),
+        "init allocates the reserve"
+    );
+    // A snapshot holding a lot of data alone.
+    let mut txn = store.begin_write().unwrap();
+    for i in 0..400 {
+        txn.put(format!("old{i:05}").as_bytes(), &rng.bytes(20_000))
+            .unwrap();
+    }
+    txn.commit().unwrap();
+    store.snapshot("main", "big").unwrap();
+    let mut txn = store.begin_write().unwrap();
+    for i in 0..400 {
+        txn.delete(format!("old{i:05}").as_bytes()).unwrap();
+    }
+    txn.commit().unwrap();
+    store.close().unwrap();
+
+    // The disk fills up.
+    vfs.set_capacity(Some(vfs.used_bytes() + (2 << 20)));
+    let store = open_sim(&vfs).unwrap();
+    let mut model = Model::new();
+    let err = fill_until_full(&store, &mut model, &mut rng);
+    assert!(is_full(&err), "the disk filled up: {err}");
+    drop(store);
+    // Not one byte left.
+    vfs.set_capacity(Some(vfs.used_bytes()));
+
+    // A fresh process: writing is refused, but drop, clean and close work.
+    let store = open_sim(&vfs).unwrap();
+    let err = store.put(b"one more", &rng.bytes(3_000_000));
+    assert!(
+        err.is_err_and(|e| is_full(&e)),
+        "a put on a full disk is refused"
+    );
+    drop(store);
+    let store = open_sim(&vfs).unwrap();
+    let used_full = vfs.used_bytes();
+    store.drop_version("big").unwrap();
+    store.finish_drops().unwrap();
+    store.clean(0.0).unwrap();
+    store.close().unwrap();
+    let used_after = vfs.used_bytes();
+    assert!(
+        used_after + 6_000_000 < used_full,
+        "dropping the snapshot gave space back: {used_full} -> {used_after}"
+    );
+    assert_eq!(
+        vfs.file_len(RESERVE_FILE),
+        Some(RESERVE_BYTES),
+        "the reserve is back"
+    );
+
+    // Everything acknowledged is there, the store is clean, and writes work again.
+    let store = open_sim(&vfs).unwrap();
+    let got = dump(&store.read().unwrap()).unwrap();
+    assert!(diff(&got, &model).is_none(), "{:?}", diff(&got, &model));
+    assert!(store.verify().unwrap().is_clean());
+    store.put(b"after", b"room again").unwrap();
+    store.close().unwrap();
+}
