@@ -6,6 +6,7 @@ use super::bloom::Bloom;
 use super::manifest::Manifest;
 use super::run;
 use super::{BackrefStore, Edge, WriteStore, MAX_RUNS};
+use crate::error::Result;
 use crate::format::{Addr, BlockRef, Decoder, SegmentId};
 use crate::io::sim::{SimVfs, SplitMix};
 use crate::io::Vfs;
@@ -24,7 +25,7 @@ fn block(a: Addr, len: u32) -> BlockRef {
     }
 }
 
-fn open(vfs: &SimVfs, manifest: Option<&[u8]>) -> crate::Result<BackrefStore> {
+fn open(vfs: &SimVfs, manifest: Option<&[u8]>) -> Result<BackrefStore> {
     BackrefStore::open(Arc::new(vfs.clone()), manifest)
 }
 
