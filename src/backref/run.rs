@@ -32,8 +32,8 @@ use std::ops::RangeInclusive;
 const MAGIC: &[u8; 8] = b"cmbBRrun";
 /// The run layout this build reads and writes.
 pub(crate) const RUN_VERSION: u32 = 1;
-const HEADER_SIZE: usize = 40;
-const RECORD_SIZE: usize = 32;
+pub(crate) const HEADER_SIZE: usize = 40;
+pub(crate) const RECORD_SIZE: usize = 32;
 const FLAG_COMBINED: u32 = 1;
 
 pub(crate) fn file_name(seq: u64) -> String {

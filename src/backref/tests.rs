@@ -74,6 +74,40 @@ fn add_then_remove_in_one_write_store_leaves_nothing() {
 }
 
 #[test]
+fn documented_layouts_are_the_code_s() {
+    crate::format_tests::check_layout(
+        "backref-run-header",
+        &[
+            ("magic", 0),
+            ("version", 8),
+            ("flags", 12),
+            ("seq", 16),
+            ("gen", 24),
+            ("record_count", 32),
+        ],
+        run::HEADER_SIZE,
+    );
+    crate::format_tests::check_layout(
+        "backref-record",
+        &[
+            ("child", 0),
+            ("parent", 8),
+            ("gen", 16),
+            ("len", 24),
+            ("kind", 28),
+            ("reserved", 29),
+        ],
+        run::RECORD_SIZE,
+    );
+    // The encoder agrees: a run of three records is header + records + bloom + crc.
+    let vfs = SimVfs::new();
+    let (store, _) = small_store(&vfs);
+    let r = &store.runs()[0];
+    let want = run::HEADER_SIZE + 3 * run::RECORD_SIZE + r.bloom().encoded_len() + 4;
+    assert_eq!(r.meta.file_len, want as u64);
+}
+
+#[test]
 fn file_names_round_trip() {
     assert_eq!(run::parse_file_name(&run::file_name(0x2a)), Some(0x2a));
     assert_eq!(run::parse_file_name("backref-2a.run"), None);
