@@ -56,7 +56,37 @@ pub(crate) struct Run {
     pub combined: bool,
     /// Strictly increasing by key; never empty.
     records: Vec<Record>,
+    /// The child of every [`INDEX_STRIDE`]-th record: a small, cache-resident first
+    /// level for the binary search, so that a lookup in a long run touches a few
+    /// cache lines of `records` instead of one per halving.
+    index: Vec<u64>,
     bloom: Bloom,
+}
+
+/// Records per entry of a run's in-memory index.
+const INDEX_STRIDE: usize = 64;
+
+fn build_index(records: &[Record]) -> Vec<u64> {
+    records
+        .iter()
+        .step_by(INDEX_STRIDE)
+        .map(|r| r.child.0)
+        .collect()
+}
+
+/// The number of leading records of `records` whose child is at most `hi`, found by
+/// galloping from the front: cheap when the answer is near the start, as it is for
+/// the small ranges relocation asks about.
+fn gallop_le(records: &[Record], hi: u64) -> usize {
+    let mut bound = 1;
+    while records.get(bound).is_some_and(|r| r.child.0 <= hi) {
+        bound *= 2;
+    }
+    let from = bound / 2;
+    let to = bound.min(records.len());
+    from + records
+        .get(from..to)
+        .map_or(0, |s| s.partition_point(|r| r.child.0 <= hi))
 }
 
 impl Run {
@@ -100,6 +130,7 @@ impl Run {
             meta,
             gen,
             combined,
+            index: build_index(&records),
             records,
             bloom,
         };
@@ -147,10 +178,25 @@ impl Run {
         if outside {
             return &[];
         }
-        let start = self.records.partition_point(|r| r.child.0 < lo);
+        let start = self.lower_bound(lo);
         let tail = self.records.get(start..).unwrap_or(&[]);
-        let len = tail.partition_point(|r| r.child.0 <= hi);
-        tail.get(..len).unwrap_or(&[])
+        tail.get(..gallop_le(tail, hi)).unwrap_or(&[])
+    }
+
+    /// The index of the first record whose child is at least `lo`.
+    fn lower_bound(&self, lo: u64) -> usize {
+        // Blocks `0..k` start below `lo`, so the answer lies after the first record of
+        // block `k - 1` and at or before the first record of block `k`.
+        let k = self.index.partition_point(|&c| c < lo);
+        let Some(prev) = k.checked_sub(1) else {
+            return 0;
+        };
+        let from = prev * INDEX_STRIDE + 1;
+        let to = (k * INDEX_STRIDE).min(self.records.len());
+        from + self
+            .records
+            .get(from..to)
+            .map_or(0, |s| s.partition_point(|r| r.child.0 < lo))
     }
 
     /// The records whose child is `child`, skipping the search when the Bloom filter
@@ -218,6 +264,7 @@ fn decode_body(body: &[u8], meta: &RunMeta) -> Result<Run> {
         meta: *meta,
         gen,
         combined: flags & FLAG_COMBINED != 0,
+        index: build_index(&records),
         records,
         bloom,
     })

@@ -18,7 +18,7 @@
 //! as it treats any checkpoint I/O error.
 
 use super::manifest::{Manifest, RunMeta};
-use super::record::{join, Kind, Record};
+use super::record::{merge_join, Kind, Record};
 use super::run::{self, Run};
 use super::{Edge, WriteStore};
 use crate::error::{Error, Result};
@@ -143,15 +143,9 @@ impl BackrefStore {
 
     /// The live `From` records of every run and of `level0`, in key order.
     fn merge(&self, level0: Option<&Run>) -> Vec<Record> {
-        let mut all: Vec<Record> = self
-            .runs
-            .iter()
-            .chain(level0)
-            .flat_map(|r| r.records().iter().copied())
-            .collect();
-        all.sort_unstable_by_key(Record::key);
-        let mut live = Vec::with_capacity(all.len());
-        join(&all, |r| {
+        let sources: Vec<&[Record]> = self.runs.iter().chain(level0).map(Run::records).collect();
+        let mut live = Vec::with_capacity(sources.iter().map(|s| s.len()).max().unwrap_or(0));
+        merge_join(sources, |r| {
             if !self.is_dead(r) {
                 live.push(*r);
             }
@@ -260,14 +254,14 @@ impl BackrefStore {
                     .map(Record::edge),
             ),
             _ => {
-                let mut all: Vec<Record> = self
+                let pending: Vec<Record> = ws.range(children).collect();
+                let sources = self
                     .runs
                     .iter()
-                    .flat_map(|run| slice(run).iter().copied())
-                    .chain(ws.range(children))
+                    .map(|run| slice(run))
+                    .chain(std::iter::once(pending.as_slice()))
                     .collect();
-                all.sort_unstable_by_key(Record::key);
-                join(&all, |r| {
+                merge_join(sources, |r| {
                     if !self.is_dead(r) {
                         out.push(r.edge());
                     }

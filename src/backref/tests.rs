@@ -108,6 +108,51 @@ fn documented_layouts_are_the_code_s() {
 }
 
 #[test]
+fn run_range_matches_a_scan() {
+    use super::record::{Kind, Record};
+    use super::run::Run;
+    let mut rng = SplitMix(3);
+    for round in 0..40 {
+        // Runs long enough for the index, with children repeated across its blocks.
+        let mut keys = BTreeSet::new();
+        for _ in 0..rng.below(3000) + 1 {
+            keys.insert((rng.below(500) * 8, rng.below(200)));
+        }
+        let records: Vec<Record> = keys
+            .iter()
+            .map(|&(c, p)| Record {
+                child: Addr(c),
+                parent: Addr(p),
+                gen: 1,
+                len: 1,
+                kind: Kind::From,
+            })
+            .collect();
+        let (run, _) = Run::build(1, 1, false, records.clone());
+        for _ in 0..200 {
+            let lo = rng.below(4200);
+            let hi = lo + rng.below(64);
+            let want: Vec<Record> = records
+                .iter()
+                .filter(|r| (lo..=hi).contains(&r.child.0))
+                .copied()
+                .collect();
+            assert_eq!(
+                run.range(&(lo..=hi)),
+                &want[..],
+                "round {round}: {lo}..={hi}"
+            );
+            let want: Vec<Record> = records
+                .iter()
+                .filter(|r| r.child.0 == lo)
+                .copied()
+                .collect();
+            assert_eq!(run.point(Addr(lo)), &want[..], "round {round}: {lo}");
+        }
+    }
+}
+
+#[test]
 fn file_names_round_trip() {
     assert_eq!(run::parse_file_name(&run::file_name(0x2a)), Some(0x2a));
     assert_eq!(run::parse_file_name("backref-2a.run"), None);
@@ -543,4 +588,93 @@ fn compaction_cancels_pairs_and_purges_deleted_segments() {
         .iter()
         .all(|e| e.child.segment() == SegmentId(1) && e.child.offset() >= 5));
     assert_eq!(reopened.bytes_on_disk(), store.bytes_on_disk());
+}
+
+/// CPU cost of the write store and query throughput, in memory (SimVfs). Run with
+/// `cargo test --release --lib backref::tests::bench -- --ignored --nocapture`.
+/// (A test rather than a `benches/` target: the store is crate-private.)
+#[test]
+#[ignore = "a benchmark: prints timings, asserts nothing"]
+fn bench() {
+    use std::time::Instant;
+    const N: u64 = 1 << 20;
+    let child = |i: u64| addr(1 + (i >> 20) as u32, (i & 0xF_FFFF) * 4096);
+    let parent = |i: u64| addr(100 + (i >> 20) as u32, (i & 0xF_FFFF) * 8192);
+
+    let t = Instant::now();
+    let mut ws = WriteStore::new();
+    for i in 0..N {
+        ws.add(block(child(i), 4096), parent(i));
+    }
+    let add_ns = t.elapsed().as_nanos() as f64 / N as f64;
+    let t = Instant::now();
+    let mut pruned = ws.clone();
+    for i in (0..N).step_by(2) {
+        pruned.remove(child(i), parent(i));
+    }
+    let remove_ns = t.elapsed().as_nanos() as f64 / (N / 2) as f64;
+    println!("write store: add {add_ns:.0} ns, remove (pruning) {remove_ns:.0} ns");
+
+    let vfs = SimVfs::new();
+    let mut store = open(&vfs, None).unwrap();
+    let t = Instant::now();
+    store.persist(ws, 1).unwrap();
+    println!(
+        "persist {N} records: {:.0} ms, {} bytes",
+        t.elapsed().as_secs_f64() * 1e3,
+        store.bytes_on_disk()
+    );
+    let empty = WriteStore::new();
+    let mut rng = SplitMix(1);
+    let queries = |store: &BackrefStore, rng: &mut SplitMix, width: u64, label: &str| {
+        let count = (4_000_000 / width).clamp(20_000, 2_000_000);
+        let mut out = Vec::with_capacity(width as usize);
+        let mut found = 0usize;
+        let t = Instant::now();
+        for _ in 0..count {
+            let i = rng.below(N - width);
+            out.clear();
+            store.edges_into(child(i)..child(i + width), &empty, &mut out);
+            found += out.len();
+        }
+        let secs = t.elapsed().as_secs_f64();
+        println!(
+            "{label}: range of {width:>4} extents: {:>9.0} queries/s ({:.1} edges each)",
+            count as f64 / secs,
+            found as f64 / count as f64
+        );
+    };
+    for width in [1, 16, 256, 8192] {
+        queries(&store, &mut rng, width, "1 run ");
+    }
+    // Eight more level-0 runs of scattered removals and additions.
+    for gen in 2..=(MAX_RUNS as u64) {
+        let mut ws = WriteStore::new();
+        for _ in 0..10_000 {
+            let i = rng.below(N);
+            ws.remove(child(i), parent(i));
+            ws.add(block(child(i), 4096), addr(200 + gen as u32, i * 64));
+        }
+        store.persist(ws, gen).unwrap();
+    }
+    assert_eq!(store.run_count(), MAX_RUNS);
+    for width in [1, 16, 256, 8192] {
+        queries(&store, &mut rng, width, "8 runs");
+    }
+    let t = Instant::now();
+    let count = 1_000_000;
+    let mut found = 0;
+    for _ in 0..count {
+        found += store.parents(child(rng.below(N)), &empty).len();
+    }
+    println!(
+        "8 runs: parents(): {:.0} queries/s ({found} found)",
+        count as f64 / t.elapsed().as_secs_f64()
+    );
+    let t = Instant::now();
+    store.compact(99).unwrap();
+    println!(
+        "compact into one run: {:.0} ms",
+        t.elapsed().as_secs_f64() * 1e3
+    );
 }
