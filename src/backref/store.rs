@@ -258,7 +258,7 @@ impl BackrefStore {
                 let sources = self
                     .runs
                     .iter()
-                    .map(|run| slice(run))
+                    .map(slice)
                     .chain(std::iter::once(pending.as_slice()))
                     .collect();
                 merge_join(sources, |r| {
