@@ -28,7 +28,8 @@
 //! - `Run` (`run.rs`): the immutable, sorted records one checkpoint (or a compaction)
 //!   wrote, in file `backref-<seq:016x>.run`, with a Bloom filter over child addresses
 //!   (`bloom.rs`) for point queries and min/max child fences for range queries. Runs
-//!   are held decoded in memory.
+//!   are held decoded in memory, with a sparse index (every 64th child) so a lookup
+//!   touches few cache lines; queries merge-join the runs and the write store.
 //! - `Manifest` (`manifest.rs`): the durable description of the store (its run files
 //!   with their checksums, the deletion vector, the next run number). The engine
 //!   embeds its bytes in the checkpoint metadata.
@@ -51,7 +52,9 @@
 //!    manifest that names them; the engine writes its superblock only after that.
 //! 6. After `delete_segment(s)`, no edge naming `s` is added (its blocks are gone).
 //!    Records naming `s` are dead at once; compaction purges them and then drops `s`
-//!    from the deletion vector, since no record mentions it any more.
+//!    from the deletion vector, since no run mentions it any more. (It keeps filtering
+//!    in memory until the store is reopened, in case a write store frozen later still
+//!    holds a record from before the deletion.)
 //!
 //! Version roots are not edges (the catalog knows them), so a clone adds no records
 //! (structural inheritance for free), and a dropped version's nodes stay parents until
