@@ -50,6 +50,8 @@ mod sync;
 // Durable structures: segments and space accounting, the superblock, the log.
 mod space;
 
+mod backref;
+
 mod superblock;
 
 mod wal;
