@@ -9,12 +9,16 @@
 //!    each node exactly once, packed into large sequential appends. A node's new
 //!    address lands in the node itself (`disk`), where its dirty parent, written in the
 //!    next level, picks it up.
-//! 3. Write the metadata blob (catalog with the new roots, usage table, reference
-//!    counts), fsync the segments, then write the superblock into the other slot and
+//! 3. Write one metadata blob: a delta of what changed since the previous checkpoint
+//!    (catalog entries, live bytes, reference counts, drop queue, pending deletions),
+//!    linked to the durable chain, or a new base when the chain has outgrown its base
+//!    (`meta`). Fsync the segments, then write the superblock into the other slot and
 //!    fsync it. The checkpoint is durable now and not before.
-//! 4. After: the WAL generations it covers are deleted; segments it emptied are
-//!    deleted once no reader view can reach them. Space freed in this interval is
-//!    reused only now, after the checkpoint that frees it is durable.
+//! 4. After: the WAL generations it covers are deleted; segments it emptied (recorded
+//!    as pending in its own metadata) are deleted once a later checkpoint is durable,
+//!    no reader view can reach them and no chain blob of either slot is in them.
+//!    Space freed in this interval is reused only now, after the checkpoint that
+//!    frees it is durable.
 //!
 //! Crash analysis: before step 3's superblock fsync, recovery uses the previous
 //! superblock and replays both WAL generations (the rotated one is fsynced at

@@ -2,7 +2,7 @@
 //!
 //! Everything durable except the superblock and the WAL lives in append-only segment
 //! files: tree nodes (written by checkpoints), value extents (written by commits) and
-//! the metadata blob of each checkpoint. Nothing is ever overwritten in place.
+//! the metadata blob of each checkpoint (a delta or a base of the metadata chain). Nothing is ever overwritten in place.
 //!
 //! Invariants:
 //! - A byte reachable from the durable superblock is never overwritten: appends go to
