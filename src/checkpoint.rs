@@ -187,13 +187,26 @@ fn collect_dirty(shared: &Shared, catalog: &Catalog) -> Result<Vec<Vec<Arc<Node>
     Ok(dirty.levels)
 }
 
-/// Writes the frozen state; returns its epoch once it is durable.
-fn write(shared: &Shared, durable: &mut Durable, frozen: Frozen) -> Result<u64> {
-    let mut written = SpaceDelta::default();
-    for level in collect_dirty(shared, &frozen.catalog)? {
-        write_level(shared, &level, &mut written)?;
-    }
-    let mut ref_changes: BTreeMap<Addr, u32> = frozen.ref_changes.into_iter().collect();
+/// What a checkpoint's metadata blob records, and what the checkpoint keeps.
+struct MetaPlan {
+    delta: MetaDelta,
+    /// The pending deletions once the checkpoint is durable.
+    pending: Vec<PendingDelete>,
+    /// Addresses recorded from in-memory counts (see `Durable::recorded_from_mem`).
+    recorded_from_mem: Vec<Addr>,
+}
+
+/// The delta from the durable metadata to the state this checkpoint makes durable.
+fn plan_meta(
+    shared: &Shared,
+    durable: &Durable,
+    frozen: &mut Frozen,
+    written: &SpaceDelta,
+    generation: u64,
+) -> Result<MetaPlan> {
+    let mut ref_changes: BTreeMap<Addr, u32> = std::mem::take(&mut frozen.ref_changes)
+        .into_iter()
+        .collect();
     let mut recorded_from_mem = Vec::new();
     for (node, count) in &frozen.unmerged {
         // Every node with a count above one is reachable from a root, so written.
@@ -202,8 +215,7 @@ fn write(shared: &Shared, durable: &mut Durable, frozen: Frozen) -> Result<u64> 
             recorded_from_mem.push(r.addr);
         }
     }
-    let generation = durable.sb.generation + 1;
-    let usage = usage_changes(&durable.meta.usage, &frozen.delta, &written);
+    let usage = usage_changes(&durable.meta.usage, &frozen.delta, written);
     let (versions, removed) = durable.meta.catalog_changes(&frozen.catalog);
     let pending = pending_after(
         shared,
@@ -214,17 +226,37 @@ fn write(shared: &Shared, durable: &mut Durable, frozen: Frozen) -> Result<u64> 
         generation,
     )?;
     let persisted: Vec<PendingSegment> = pending.iter().map(PendingDelete::persisted).collect();
+    let drop_queue = std::mem::take(&mut frozen.drop_queue);
     let delta = MetaDelta {
         next_id: frozen.catalog.next_id,
         versions,
         removed,
         usage,
         refcounts: ref_changes.into_iter().collect(),
-        drop_queue: (frozen.drop_queue != durable.meta.drop_queue).then_some(frozen.drop_queue),
+        drop_queue: (drop_queue != durable.meta.drop_queue).then_some(drop_queue),
         pending_deletes: (persisted != durable.meta.pending_deletes).then_some(persisted),
         // Nothing writes the manifest yet: it is carried as it is.
         backref_manifest: None,
     };
+    Ok(MetaPlan {
+        delta,
+        pending,
+        recorded_from_mem,
+    })
+}
+
+/// Writes the frozen state; returns its epoch once it is durable.
+fn write(shared: &Shared, durable: &mut Durable, mut frozen: Frozen) -> Result<u64> {
+    let mut written = SpaceDelta::default();
+    for level in collect_dirty(shared, &frozen.catalog)? {
+        write_level(shared, &level, &mut written)?;
+    }
+    let generation = durable.sb.generation + 1;
+    let MetaPlan {
+        delta,
+        pending,
+        recorded_from_mem,
+    } = plan_meta(shared, durable, &mut frozen, &written, generation)?;
     // A chain that keeps an otherwise empty segment alive is rewritten as a base, so
     // the segment can go.
     let rebase = durable
@@ -253,7 +285,15 @@ fn write(shared: &Shared, durable: &mut Durable, frozen: Frozen) -> Result<u64> 
     durable.meta_bytes_last = u64::from(meta_ref.len);
     shared.wal.checkpoint_done();
     wal::remove_below(&*shared.vfs, previous.wal_gen)?;
-    *lock(&shared.pending_deletes) = pending;
+    // Add the segments this generation emptied; entries deleted meanwhile (by the
+    // previous checkpoint's `after_durable`, on another thread) stay deleted.
+    let mut current = lock(&shared.pending_deletes);
+    for p in pending {
+        if p.generation == generation && !current.iter().any(|c| c.segment == p.segment) {
+            current.push(p);
+        }
+    }
+    drop(current);
     Ok(frozen.epoch)
 }
 
