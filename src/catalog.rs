@@ -1,38 +1,24 @@
-//! The catalog of named versions and the metadata blob each checkpoint writes.
+//! The catalog of named versions, and the encoding of one catalog entry.
 //!
 //! A version is a named root: a branch (writable) or a snapshot (read-only), with a
 //! link to the version it was made from. A store starts with one branch, `main`.
 //!
-//! Metadata blob layout (little-endian; see docs/FORMAT.md), referenced (with its
-//! checksum) by the superblock:
-//! ```text
-//! magic u32 "CMET" | next_version_id u32
-//! version_count u32, then per version:
-//!     id u32 | kind u8 | parent u32 (u32::MAX = none) | created_unix_ms u64 | created_lsn u64
-//!     | created_checkpoint u64 | name_len u16 | name | has_root u8
-//!     | root BlockRef (when has_root = 1)
-//! segment_count u32, then per segment: id u32 | live_bytes u64
-//! refcount_count u32, then per shared block: addr u64 | count u32   (only counts > 1)
-//! drop_queue_len u32, then per queued node: BlockRef
-//! ```
+//! The metadata that a checkpoint writes around the catalog (usage, reference counts,
+//! drop queue) is in `meta`; this module owns the catalog entry's encoding, which the
+//! metadata blobs embed (see docs/FORMAT.md, "Metadata").
 
 // A decoder of untrusted bytes: every index is justified where it is.
 #![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 
 use crate::btree::node::Child;
 use crate::error::{Error, Result};
-use crate::format::{
-    len_u16, put_u16, put_u32, put_u64, put_u8, Addr, BlockRef, Decoder, Lsn, SegmentId,
-};
-use crate::space::Usage;
+use crate::format::{len_u16, put_u16, put_u32, put_u64, put_u8, BlockRef, Decoder, Lsn};
 use serde::Serialize;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// The name of the branch every store starts with.
 pub const MAIN_BRANCH: &str = "main";
 
-const META_MAGIC: u32 = u32::from_le_bytes(*b"CMET");
 const NO_PARENT: u32 = u32::MAX;
 
 /// Identifies a version inside one store; never reused.
@@ -146,138 +132,79 @@ impl Catalog {
     }
 }
 
-/// Everything a checkpoint records besides the tree nodes.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Meta {
-    pub catalog: Catalog,
-    pub usage: Usage,
-    pub refcounts: BTreeMap<Addr, u32>,
-    /// Unreferenced nodes of dropped versions not yet freed (see `refcount`).
-    pub drop_queue: Vec<BlockRef>,
+/// Appends one catalog entry (docs/FORMAT.md, "Metadata"). The root must be written.
+pub(crate) fn encode_version(v: &Version, b: &mut Vec<u8>) {
+    put_u32(b, v.id.0);
+    put_u8(b, kind_code(v.kind));
+    put_u32(b, v.parent.map_or(NO_PARENT, |p| p.0));
+    put_u64(b, v.created_unix_ms);
+    put_u64(b, v.created_lsn.0);
+    put_u64(b, v.created_checkpoint);
+    put_u16(b, len_u16(v.name.len()));
+    b.extend_from_slice(v.name.as_bytes());
+    match &v.root {
+        None => put_u8(b, 0),
+        Some(child) => {
+            put_u8(b, 1);
+            child
+                .disk_ref()
+                .expect("checkpoint writes every root before the catalog")
+                .encode(b);
+        }
+    }
 }
 
-impl Meta {
-    /// Serialises the metadata. Every version root must be written (clean).
-    pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::new();
-        put_u32(&mut b, META_MAGIC);
-        put_u32(&mut b, self.catalog.next_id);
-        put_u32(&mut b, crate::format::len_u32(self.catalog.versions.len()));
-        for v in &self.catalog.versions {
-            put_u32(&mut b, v.id.0);
-            put_u8(&mut b, kind_code(v.kind));
-            put_u32(&mut b, v.parent.map_or(NO_PARENT, |p| p.0));
-            put_u64(&mut b, v.created_unix_ms);
-            put_u64(&mut b, v.created_lsn.0);
-            put_u64(&mut b, v.created_checkpoint);
-            put_u16(&mut b, len_u16(v.name.len()));
-            b.extend_from_slice(v.name.as_bytes());
-            match &v.root {
-                None => put_u8(&mut b, 0),
-                Some(child) => {
-                    put_u8(&mut b, 1);
-                    child
-                        .disk_ref()
-                        .expect("checkpoint writes every root before the catalog")
-                        .encode(&mut b);
-                }
-            }
-        }
-        put_u32(&mut b, crate::format::len_u32(self.usage.len()));
-        for (seg, live) in &self.usage {
-            put_u32(&mut b, seg.0);
-            put_u64(&mut b, *live);
-        }
-        put_u32(&mut b, crate::format::len_u32(self.refcounts.len()));
-        for (addr, count) in &self.refcounts {
-            put_u64(&mut b, addr.0);
-            put_u32(&mut b, *count);
-        }
-        put_u32(&mut b, crate::format::len_u32(self.drop_queue.len()));
-        for r in &self.drop_queue {
-            r.encode(&mut b);
-        }
-        b
-    }
+/// Reads one catalog entry written by [`encode_version`]; the root comes back by address.
+pub(crate) fn decode_version(d: &mut Decoder<'_>) -> Result<Version> {
+    let id = VersionId(d.u32()?);
+    let kind = match d.u8()? {
+        1 => VersionKind::Branch,
+        2 => VersionKind::Snapshot,
+        k => return Err(d.error(format!("unknown version kind {k}"))),
+    };
+    let parent = match d.u32()? {
+        NO_PARENT => None,
+        p => Some(VersionId(p)),
+    };
+    let created_unix_ms = d.u64()?;
+    let created_lsn = Lsn(d.u64()?);
+    let created_checkpoint = d.u64()?;
+    let name_len = usize::from(d.u16()?);
+    let name = String::from_utf8(d.bytes(name_len)?.to_vec())
+        .map_err(|_| d.error("version name is not UTF-8"))?;
+    let root = match d.u8()? {
+        0 => None,
+        1 => Some(Child::Disk(BlockRef::decode(d)?)),
+        t => return Err(d.error(format!("bad root tag {t}"))),
+    };
+    Ok(Version {
+        id,
+        name: name.into(),
+        kind,
+        parent,
+        created_unix_ms,
+        created_lsn,
+        created_checkpoint,
+        root,
+    })
+}
 
-    pub(crate) fn decode(buf: &[u8]) -> Result<Meta> {
-        let mut d = Decoder::new(buf, "metadata");
-        if d.u32()? != META_MAGIC {
-            return Err(d.error("bad magic"));
-        }
-        let next_id = d.u32()?;
-        let count = d.u32()? as usize;
-        if count > buf.len() {
-            return Err(d.error("version count exceeds blob size"));
-        }
-        let mut versions = Vec::with_capacity(count);
-        for _ in 0..count {
-            let id = VersionId(d.u32()?);
-            let kind = match d.u8()? {
-                1 => VersionKind::Branch,
-                2 => VersionKind::Snapshot,
-                k => return Err(d.error(format!("unknown version kind {k}"))),
-            };
-            let parent = match d.u32()? {
-                NO_PARENT => None,
-                p => Some(VersionId(p)),
-            };
-            let created_unix_ms = d.u64()?;
-            let created_lsn = Lsn(d.u64()?);
-            let created_checkpoint = d.u64()?;
-            let name_len = usize::from(d.u16()?);
-            let name = String::from_utf8(d.bytes(name_len)?.to_vec())
-                .map_err(|_| d.error("version name is not UTF-8"))?;
-            let root = match d.u8()? {
-                0 => None,
-                1 => Some(Child::Disk(BlockRef::decode(&mut d)?)),
-                t => return Err(d.error(format!("bad root tag {t}"))),
-            };
-            versions.push(Version {
-                id,
-                name: name.into(),
-                kind,
-                parent,
-                created_unix_ms,
-                created_lsn,
-                created_checkpoint,
-                root,
-            });
-        }
-        let segs = d.u32()? as usize;
-        if segs > buf.len() {
-            return Err(d.error("segment count exceeds blob size"));
-        }
-        let mut usage = Usage::new();
-        for _ in 0..segs {
-            usage.insert(SegmentId(d.u32()?), d.u64()?);
-        }
-        let refs = d.u32()? as usize;
-        if refs > buf.len() {
-            return Err(d.error("refcount count exceeds blob size"));
-        }
-        let mut refcounts = BTreeMap::new();
-        for _ in 0..refs {
-            refcounts.insert(Addr(d.u64()?), d.u32()?);
-        }
-        let queued = d.u32()? as usize;
-        if queued > buf.len() {
-            return Err(d.error("drop queue length exceeds blob size"));
-        }
-        let mut drop_queue = Vec::with_capacity(queued);
-        for _ in 0..queued {
-            drop_queue.push(BlockRef::decode(&mut d)?);
-        }
-        if d.remaining() != 0 {
-            return Err(d.error("trailing bytes"));
-        }
-        Ok(Meta {
-            catalog: Catalog { versions, next_id },
-            usage,
-            refcounts,
-            drop_queue,
-        })
+impl PartialEq for Version {
+    fn eq(&self, other: &Version) -> bool {
+        same_entry(self, other)
     }
+}
+
+/// Whether two catalog entries would encode the same (roots compared by address).
+pub(crate) fn same_entry(a: &Version, b: &Version) -> bool {
+    a.id == b.id
+        && a.name == b.name
+        && a.kind == b.kind
+        && a.parent == b.parent
+        && a.created_unix_ms == b.created_unix_ms
+        && a.created_lsn == b.created_lsn
+        && a.created_checkpoint == b.created_checkpoint
+        && a.root.as_ref().map(Child::disk_ref) == b.root.as_ref().map(Child::disk_ref)
 }
 
 #[cfg(test)]
@@ -307,23 +234,19 @@ mod tests {
     }
 
     #[test]
-    fn round_trip() {
-        let mut meta = Meta {
-            catalog: Catalog::initial(),
-            ..Meta::default()
-        };
-        meta.catalog.versions[0].root = Some(Child::Disk(BlockRef {
-            addr: Addr::new(SegmentId(1), 32),
+    fn entry_round_trip() {
+        let mut v = Catalog::initial().versions.remove(0);
+        v.root = Some(Child::Disk(BlockRef {
+            addr: crate::format::Addr::new(crate::format::SegmentId(1), 32),
             len: 10,
             crc: 3,
         }));
-        meta.usage.insert(SegmentId(1), 10);
-        let buf = meta.encode();
-        let back = Meta::decode(&buf).unwrap();
-        assert_eq!(&*back.catalog.versions[0].name, "main");
-        assert_eq!(back.usage, meta.usage);
+        let mut buf = Vec::new();
+        encode_version(&v, &mut buf);
+        let back = decode_version(&mut Decoder::new(&buf, "test")).unwrap();
+        assert!(same_entry(&v, &back));
         for cut in 0..buf.len() {
-            assert!(Meta::decode(&buf[..cut]).is_err());
+            assert!(decode_version(&mut Decoder::new(&buf[..cut], "test")).is_err());
         }
     }
 }

@@ -9,12 +9,16 @@
 //!    each node exactly once, packed into large sequential appends. A node's new
 //!    address lands in the node itself (`disk`), where its dirty parent, written in the
 //!    next level, picks it up.
-//! 3. Write the metadata blob (catalog with the new roots, usage table, reference
-//!    counts), fsync the segments, then write the superblock into the other slot and
+//! 3. Write one metadata blob: a delta of what changed since the previous checkpoint
+//!    (catalog entries, live bytes, reference counts, drop queue, pending deletions),
+//!    linked to the durable chain, or a new base when the chain has outgrown its base
+//!    (`meta`). Fsync the segments, then write the superblock into the other slot and
 //!    fsync it. The checkpoint is durable now and not before.
-//! 4. After: the WAL generations it covers are deleted; segments it emptied are
-//!    deleted once no reader view can reach them. Space freed in this interval is
-//!    reused only now, after the checkpoint that frees it is durable.
+//! 4. After: the WAL generations it covers are deleted; segments it emptied (recorded
+//!    as pending in its own metadata) are deleted once a later checkpoint is durable,
+//!    no reader view can reach them and no chain blob of either slot is in them.
+//!    Space freed in this interval is reused only now, after the checkpoint that
+//!    frees it is durable.
 //!
 //! Crash analysis: before step 3's superblock fsync, recovery uses the previous
 //! superblock and replays both WAL generations (the rotated one is fsynced at
@@ -24,12 +28,12 @@
 
 use crate::btree::node::{Body, Child, Node};
 use crate::btree::walk::{walk, At, Visitor};
-use crate::catalog::{Catalog, Meta};
+use crate::catalog::Catalog;
 use crate::engine::{fits_pinned, Durable, PendingDelete, Shared, WriterState};
 use crate::error::Result;
-use crate::format::AddrMap;
 use crate::format::{crc, len_u32, Addr, BlockRef, Lsn, SegmentId};
-use crate::space::{apply_delta, SpaceDelta};
+use crate::meta::{self, Chain, MetaDelta, PendingSegment};
+use crate::space::SpaceDelta;
 use crate::superblock::{Superblock, SuperblockFile};
 use crate::sync::lock;
 use crate::wal;
@@ -45,9 +49,9 @@ struct Frozen {
     /// The epoch whose dirty nodes this checkpoint writes.
     epoch: u64,
     catalog: Catalog,
-    /// Reference counts of written blocks, as of the freeze (a plain copy: sorting
-    /// it for the metadata happens after the writer lock is released).
-    refcounts: AddrMap<Addr, u32>,
+    /// Reference counts of written blocks changed since the previous freeze, with
+    /// their counts as of this one (1: the entry is gone). Never the whole table.
+    ref_changes: Vec<(Addr, u32)>,
     /// Counts of in-memory nodes (all of the frozen epoch), recorded by address once
     /// they are written.
     unmerged: Vec<(Arc<Node>, u32)>,
@@ -66,8 +70,7 @@ pub(crate) fn run(shared: &Shared, held: Option<&mut WriterState>) -> Result<()>
     let result = match held {
         Some(w) => {
             let mut durable = lock(&shared.durable);
-            let generation = durable.sb.generation + 1;
-            let written = freeze(shared, w, generation)
+            let written = freeze(shared, w, &mut durable)
                 .and_then(|frozen| write(shared, &mut durable, frozen));
             if let Ok(epoch) = written {
                 w.refs.merge_written(epoch);
@@ -77,8 +80,7 @@ pub(crate) fn run(shared: &Shared, held: Option<&mut WriterState>) -> Result<()>
         None => {
             let mut w = shared.lock_writer();
             let mut durable = lock(&shared.durable);
-            let generation = durable.sb.generation + 1;
-            let frozen = freeze(shared, &mut w, generation);
+            let frozen = freeze(shared, &mut w, &mut durable);
             drop(w);
             frozen.and_then(|frozen| write(shared, &mut durable, frozen))
         }
@@ -106,11 +108,17 @@ pub(crate) fn request(shared: &Shared) -> Result<()> {
     }
 }
 
-fn freeze(shared: &Shared, w: &mut WriterState, generation: u64) -> Result<Frozen> {
+fn freeze(shared: &Shared, w: &mut WriterState, durable: &mut Durable) -> Result<Frozen> {
     shared.check_writable()?;
+    let generation = durable.sb.generation + 1;
     // The previous checkpoint (of epoch - 1) has finished: fold the counts of the
     // nodes it wrote into the table by address.
     w.refs.merge_written(w.epoch - 1);
+    // It recorded those nodes' counts as they were at its freeze; record them again
+    // as they are now (changed, or gone, since).
+    for addr in durable.recorded_from_mem.drain(..) {
+        w.refs.mark_changed(addr);
+    }
     // Nodes replaced while the previous checkpoint was writing them: that checkpoint
     // has finished (checkpoints are serialised by the durable lock), so they have
     // addresses now, which this interval frees.
@@ -132,7 +140,7 @@ fn freeze(shared: &Shared, w: &mut WriterState, generation: u64) -> Result<Froze
     let frozen = Frozen {
         epoch: w.epoch,
         catalog: w.catalog.clone(),
-        refcounts: w.refs.table.clone(),
+        ref_changes: w.refs.take_changes(),
         unmerged: w.refs.unmerged(),
         drop_queue: w.drop_queue.clone(),
         lsn: w.last_lsn,
@@ -179,32 +187,86 @@ fn collect_dirty(shared: &Shared, catalog: &Catalog) -> Result<Vec<Vec<Arc<Node>
     Ok(dirty.levels)
 }
 
+/// What a checkpoint's metadata blob records, and what the checkpoint keeps.
+struct MetaPlan {
+    delta: MetaDelta,
+    /// The pending deletions once the checkpoint is durable.
+    pending: Vec<PendingDelete>,
+    /// Addresses recorded from in-memory counts (see `Durable::recorded_from_mem`).
+    recorded_from_mem: Vec<Addr>,
+}
+
+/// The delta from the durable metadata to the state this checkpoint makes durable.
+fn plan_meta(
+    shared: &Shared,
+    durable: &Durable,
+    frozen: &mut Frozen,
+    written: &SpaceDelta,
+    generation: u64,
+) -> Result<MetaPlan> {
+    let mut ref_changes: BTreeMap<Addr, u32> = std::mem::take(&mut frozen.ref_changes)
+        .into_iter()
+        .collect();
+    let mut recorded_from_mem = Vec::new();
+    for (node, count) in &frozen.unmerged {
+        // Every node with a count above one is reachable from a root, so written.
+        if let Some(r) = node.disk.get() {
+            ref_changes.insert(r.addr, *count);
+            recorded_from_mem.push(r.addr);
+        }
+    }
+    let usage = usage_changes(&durable.meta.usage, &frozen.delta, written);
+    let (versions, removed) = durable.meta.catalog_changes(&frozen.catalog);
+    let pending = pending_after(
+        shared,
+        durable,
+        &usage,
+        &frozen.first_unsafe_segment,
+        frozen.lsn,
+        generation,
+    )?;
+    let persisted: Vec<PendingSegment> = pending.iter().map(PendingDelete::persisted).collect();
+    let drop_queue = std::mem::take(&mut frozen.drop_queue);
+    let delta = MetaDelta {
+        next_id: frozen.catalog.next_id,
+        versions,
+        removed,
+        usage,
+        refcounts: ref_changes.into_iter().collect(),
+        drop_queue: (drop_queue != durable.meta.drop_queue).then_some(drop_queue),
+        pending_deletes: (persisted != durable.meta.pending_deletes).then_some(persisted),
+        // Nothing writes the manifest yet: it is carried as it is.
+        backref_manifest: None,
+    };
+    Ok(MetaPlan {
+        delta,
+        pending,
+        recorded_from_mem,
+    })
+}
+
 /// Writes the frozen state; returns its epoch once it is durable.
-fn write(shared: &Shared, durable: &mut Durable, frozen: Frozen) -> Result<u64> {
+fn write(shared: &Shared, durable: &mut Durable, mut frozen: Frozen) -> Result<u64> {
     let mut written = SpaceDelta::default();
     for level in collect_dirty(shared, &frozen.catalog)? {
         write_level(shared, &level, &mut written)?;
     }
-    let mut refcounts: BTreeMap<Addr, u32> = frozen.refcounts.into_iter().collect();
-    for (node, count) in &frozen.unmerged {
-        // Every node with a count above one is reachable from a root, so written.
-        if let Some(r) = node.disk.get() {
-            refcounts.insert(r.addr, *count);
-        }
-    }
-    let mut usage = durable.usage.clone();
-    apply_delta(&mut usage, &frozen.delta);
-    apply_delta(&mut usage, &written);
-    let meta = Meta {
-        catalog: frozen.catalog,
-        usage,
-        refcounts,
-        drop_queue: frozen.drop_queue,
-    };
-    let meta_ref = shared.segments.append(&meta.encode())?;
+    let generation = durable.sb.generation + 1;
+    let MetaPlan {
+        delta,
+        pending,
+        recorded_from_mem,
+    } = plan_meta(shared, durable, &mut frozen, &written, generation)?;
+    // A chain that keeps an otherwise empty segment alive is rewritten as a base, so
+    // the segment can go.
+    let rebase = durable
+        .chain
+        .segments()
+        .any(|seg| pending.iter().any(|p| p.segment == seg));
+    let (meta_ref, chain) = write_meta(shared, durable, delta, rebase)?;
     shared.segments.sync()?;
     let sb = Superblock {
-        generation: durable.sb.generation + 1,
+        generation,
         checkpoint_lsn: frozen.lsn,
         wal_gen: frozen.next_wal_gen,
         meta: meta_ref,
@@ -212,17 +274,112 @@ fn write(shared: &Shared, durable: &mut Durable, frozen: Frozen) -> Result<u64> 
     };
     SuperblockFile::write(&*durable.sb_file, &sb)?;
     // Durable from here on. The previous superblock becomes the fallback; keep the log
-    // it replays from.
+    // it replays from, and the metadata chain it reads.
     let previous = std::mem::replace(&mut durable.sb, sb);
     shared
         .durable_generation
         .store(sb.generation, std::sync::atomic::Ordering::Relaxed);
     durable.fallback = Some(previous);
-    durable.usage = meta.usage;
+    durable.fallback_chain = std::mem::replace(&mut durable.chain, chain);
+    durable.recorded_from_mem = recorded_from_mem;
+    durable.meta_bytes_last = u64::from(meta_ref.len);
     shared.wal.checkpoint_done();
     wal::remove_below(&*shared.vfs, previous.wal_gen)?;
-    queue_empty_segments(shared, durable, frozen.lsn, frozen.first_unsafe_segment)?;
+    // Add the segments this generation emptied; entries deleted meanwhile (by the
+    // previous checkpoint's `after_durable`, on another thread) stay deleted.
+    let mut current = lock(&shared.pending_deletes);
+    for p in pending {
+        if p.generation == generation && !current.iter().any(|c| c.segment == p.segment) {
+            current.push(p);
+        }
+    }
+    drop(current);
     Ok(frozen.epoch)
+}
+
+/// New live bytes of every segment the interval's delta or the checkpoint's writes
+/// touched (0: the segment holds nothing live any more).
+fn usage_changes(
+    old: &crate::space::Usage,
+    delta: &SpaceDelta,
+    written: &SpaceDelta,
+) -> Vec<(SegmentId, u64)> {
+    let mut touched = SpaceDelta::default();
+    touched.merge(delta.clone());
+    touched.merge(written.clone());
+    touched
+        .per_segment
+        .iter()
+        .filter(|(_, d)| **d != 0)
+        .map(|(&seg, &d)| {
+            let live =
+                i64::try_from(old.get(&seg).copied().unwrap_or(0)).expect("live bytes fit i64");
+            let new = live + d;
+            assert!(
+                new >= 0,
+                "segment {seg:?} live bytes would go negative ({live} {d:+})"
+            );
+            (seg, u64::try_from(new).expect("checked non-negative"))
+        })
+        .collect()
+}
+
+/// The pending deletions once this checkpoint is durable: those still waiting, plus
+/// every segment with no live bytes in the new usage that no post-freeze write can be
+/// using (emptied by this generation, or found empty at the first checkpoint after
+/// an open).
+fn pending_after(
+    shared: &Shared,
+    durable: &Durable,
+    usage: &[(SegmentId, u64)],
+    first_unsafe: &SegmentId,
+    lsn: Lsn,
+    generation: u64,
+) -> Result<Vec<PendingDelete>> {
+    let live_after = |seg: SegmentId| match usage.iter().find(|(s, _)| *s == seg) {
+        Some(&(_, live)) => live > 0,
+        None => durable.meta.usage.contains_key(&seg),
+    };
+    let mut pending: Vec<PendingDelete> = lock(&shared.pending_deletes).iter().copied().collect();
+    for (id, _) in shared.segments.sizes()? {
+        if !live_after(id) && id < *first_unsafe && !pending.iter().any(|p| p.segment == id) {
+            pending.push(PendingDelete {
+                segment: id,
+                lsn,
+                generation,
+            });
+        }
+    }
+    pending.sort_by_key(|p| p.segment);
+    Ok(pending)
+}
+
+/// Appends this checkpoint's metadata blob: the delta, linked to the durable chain,
+/// or a new base when the chain has grown past its base (see `meta::chain`) or when
+/// `rebase` asks for one. Folds
+/// the delta into `durable.meta` either way; returns the blob and the new chain.
+fn write_meta(
+    shared: &Shared,
+    durable: &mut Durable,
+    delta: MetaDelta,
+    rebase: bool,
+) -> Result<(BlockRef, Chain)> {
+    let mut encoded = meta::encode_delta(&delta);
+    let link = durable.chain.next_link(encoded.len()).filter(|_| !rebase);
+    durable.meta.apply(delta)?;
+    match link {
+        Some(link) => {
+            meta::link_delta(&mut encoded, &link);
+            let r = shared.segments.append(&encoded)?;
+            let mut chain = durable.chain.clone();
+            chain.blobs.push(r);
+            Ok((r, chain))
+        }
+        None => {
+            let r = shared.segments.append(&meta::encode_base(&durable.meta))?;
+            Ok((r, Chain::of_base(r)))
+        }
+    }
 }
 
 /// Writes one level's dirty nodes in large appends and records their addresses.
@@ -272,28 +429,6 @@ fn flush_chunk(
     Ok(())
 }
 
-/// Queues every segment that the durable usage table says is empty, and that no
-/// post-freeze write can be using, for deletion.
-fn queue_empty_segments(
-    shared: &Shared,
-    durable: &Durable,
-    lsn: Lsn,
-    first_unsafe: SegmentId,
-) -> Result<()> {
-    let mut pending = lock(&shared.pending_deletes);
-    for (id, _) in shared.segments.sizes()? {
-        let empty = !durable.usage.contains_key(&id);
-        if empty && id < first_unsafe && !pending.iter().any(|p| p.segment == id) {
-            pending.push(PendingDelete {
-                segment: id,
-                lsn,
-                generation: durable.sb.generation,
-            });
-        }
-    }
-    Ok(())
-}
-
 /// Work after a durable checkpoint that must not fail it: deleting emptied segments
 /// nobody can reach, folding the written nodes' reference counts into the table, and
 /// letting go of in-memory trees that are now on disk.
@@ -302,14 +437,31 @@ fn after_durable(shared: &Shared, epoch: u64) {
     unpin_written_roots(shared, epoch);
 }
 
+/// Whether a pending deletion waits only for the next checkpoint: emptied by the
+/// durable generation (the fallback slot reaches it) and not kept for another reason
+/// (a segment of a metadata chain, a reader view, the active segment).
+pub(crate) fn deletions_wait_for_next_generation(shared: &Shared) -> bool {
+    let (generation, metas) = {
+        let d = lock(&shared.durable);
+        (d.sb.generation, d.chain_segments())
+    };
+    let oldest_view = shared.views.oldest();
+    lock(&shared.pending_deletes).iter().any(|p| {
+        p.generation >= generation
+            && oldest_view.is_none_or(|v| v >= p.lsn)
+            && !metas.contains(&p.segment)
+            && shared.segments.active() != Some(p.segment)
+    })
+}
+
+/// Deletes every pending segment that nothing can reach any more: a later generation
+/// is durable (so neither superblock slot reaches it), it holds no blob of either
+/// slot's metadata chain, no reader view is older than the checkpoint that emptied
+/// it, and it is not the segment appends go to.
 pub(crate) fn delete_unreachable_segments(shared: &Shared) {
     let (generation, metas) = {
         let d = lock(&shared.durable);
-        let metas: Vec<SegmentId> = std::iter::once(d.sb)
-            .chain(d.fallback)
-            .map(|sb| sb.meta.addr.segment())
-            .collect();
-        (d.sb.generation, metas)
+        (d.sb.generation, d.chain_segments())
     };
     let oldest_view = shared.views.oldest();
     let mut pending = lock(&shared.pending_deletes);
@@ -332,7 +484,7 @@ pub(crate) fn delete_unreachable_segments(shared: &Shared) {
 /// then follow pointers instead of looking every node up in the cache, and memory
 /// stays within what the cache would have used anyway.
 fn unpin_written_roots(shared: &Shared, epoch: u64) {
-    let live: u64 = lock(&shared.durable).usage.values().sum();
+    let live: u64 = lock(&shared.durable).meta.usage.values().sum();
     let fits = fits_pinned(live, shared.cache.capacity());
     shared
         .keep_pinned

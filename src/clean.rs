@@ -303,7 +303,7 @@ fn choose_victims(shared: &Shared, dead_below: f64) -> Result<Vec<SegmentUse>> {
 
 /// Every segment with its file size and durable live bytes.
 fn segment_uses(shared: &Shared) -> Result<Vec<SegmentUse>> {
-    let usage = lock(&shared.durable).usage.clone();
+    let usage = lock(&shared.durable).meta.usage.clone();
     Ok(shared
         .segments
         .sizes()?

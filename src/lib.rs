@@ -59,8 +59,9 @@ mod wal;
 // Trees: nodes, reference counts, the page cache of decoded nodes, the CoW B+tree.
 mod btree;
 
-// The catalog of versions and the metadata blob.
+// The catalog of versions and the metadata chain.
 mod catalog;
+mod meta;
 
 // The engine's shared state and its write kernel.
 mod engine;

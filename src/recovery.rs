@@ -1,8 +1,9 @@
 //! Opening a store: creating the initial durable state of a new one, and recovering
 //! the newest durable state of an existing one.
 //!
-//! Recovery: read both superblock slots; take the newest valid one whose metadata blob
-//! reads back (else the other). Open every segment (header checked). Replay every WAL
+//! Recovery: read both superblock slots; take the newest valid one whose metadata chain
+//! reads back (else the other): its blobs from the newest back to the base, the deltas
+//! then applied forward (`meta::chain`). Open every segment (header checked). Replay every WAL
 //! generation from the superblock's `wal_gen` on, in order, each up to its torn tail,
 //! through the same write kernel as live commits (`engine::apply_record`). New commits
 //! go to a fresh generation (a torn file is never appended to).
@@ -10,15 +11,17 @@
 //! A writable open then fsyncs every log and segment file it read (what recovery read
 //! may sit only in the OS cache after a process crash: nothing must be built on records
 //! a later power loss could take back), deletes WAL generations that no superblock
-//! needs, and rewrites an invalid superblock slot with an immediate checkpoint.
+//! needs, deletes the segments a previous process left pending that neither slot can
+//! reach, and rewrites an invalid superblock slot with an immediate checkpoint.
 
 use crate::btree::cache::PageCache;
-use crate::catalog::{Catalog, Meta};
+use crate::catalog::Catalog;
 use crate::checkpoint;
-use crate::engine::{self, fits_pinned, Durable, Shared, ViewRegistry, WriterState};
+use crate::engine::{self, fits_pinned, Durable, PendingDelete, Shared, ViewRegistry, WriterState};
 use crate::error::{Error, Result};
-use crate::format::{now_unix_ms, Lsn};
+use crate::format::{now_unix_ms, BlockRef, Lsn};
 use crate::io::{VFile, Vfs};
+use crate::meta::{self, Chain, Meta};
 use crate::options::Options;
 use crate::space::{Segments, SpaceDelta};
 use crate::superblock::{self, Superblock, SuperblockFile};
@@ -39,7 +42,7 @@ pub(crate) fn create(vfs: &Arc<dyn Vfs>, label: &str) -> Result<()> {
         catalog: Catalog::initial(),
         ..Meta::default()
     };
-    let meta_ref = segments.append(&meta.encode())?;
+    let meta_ref = segments.append(&meta::encode_base(&meta))?;
     segments.sync()?;
     let sb_file = vfs.create(superblock::FILE_NAME)?;
     let created = now_unix_ms();
@@ -68,20 +71,25 @@ pub(crate) fn open(
     let process_lock = vfs.lock(!opts.read_only)?;
     let sb_file = SuperblockFile::read(&*vfs, &label)?;
     let segments = Segments::open(vfs.clone(), opts.read_only)?;
-    let (sb, meta) = load_newest(&sb_file, &segments)?;
+    let (sb, meta, chain) = load_newest(&sb_file, &segments)?;
     let fallback = sb_file
         .candidates()?
         .into_iter()
         .find(|c| c.generation < sb.generation);
+    let fallback_chain = fallback.map_or_else(Chain::default, |f| {
+        fallback_chain(&segments, &chain, f.meta)
+    });
     let cache = PageCache::new(opts.cache_bytes);
     let keep_pinned = fits_pinned(meta.usage.values().sum(), cache.capacity());
     let mut writer = WriterState {
-        catalog: meta.catalog,
+        catalog: meta.catalog.clone(),
         epoch: 1,
         delta: SpaceDelta::default(),
         superseded: Vec::new(),
-        refs: crate::btree::refcount::RefCounts::from_table(meta.refcounts),
-        drop_queue: meta.drop_queue,
+        refs: crate::btree::refcount::RefCounts::from_table(
+            meta.refcounts.iter().map(|(a, c)| (*a, *c)),
+        ),
+        drop_queue: meta.drop_queue.clone(),
         last_lsn: sb.checkpoint_lsn,
         dirty_bytes: 0,
     };
@@ -104,11 +112,23 @@ pub(crate) fn open(
     ));
     let needs_heal = !opts.read_only && sb_file.has_invalid_slot();
     let durable_generation = sb.generation;
+    // Deletions a previous process left pending (of segments still there).
+    let existing: Vec<_> = segments.sizes()?.into_iter().map(|(id, _)| id).collect();
+    let pending: Vec<PendingDelete> = meta
+        .pending_deletes
+        .iter()
+        .filter(|p| existing.contains(&p.segment))
+        .map(|p| PendingDelete::loaded(*p))
+        .collect();
     let durable = Durable {
         sb,
         fallback,
         sb_file: sb_file.file.clone(),
-        usage: meta.usage,
+        meta,
+        chain,
+        fallback_chain,
+        recorded_from_mem: Vec::new(),
+        meta_bytes_last: 0,
     };
     let shared = Arc::new(Shared {
         label,
@@ -122,7 +142,7 @@ pub(crate) fn open(
         durable: Mutex::new(durable),
         published: RwLock::new(view),
         views,
-        pending_deletes: Mutex::new(Vec::new()),
+        pending_deletes: Mutex::new(pending),
         poisoned: Mutex::new(None),
         keep_pinned: AtomicBool::new(keep_pinned),
         background: Arc::default(),
@@ -150,6 +170,10 @@ fn settle(shared: &Shared, replayed: &[Arc<dyn VFile>], needs_heal: bool) -> Res
             .map_or(d.sb.wal_gen, |f| f.wal_gen.min(d.sb.wal_gen))
     };
     wal::remove_below(&*shared.vfs, first_live)?;
+    // Segments a previous process emptied and neither slot can reach any more (no
+    // view of this process is older than the durable state): their space comes back
+    // now; the others wait for a later checkpoint, as in a running store.
+    checkpoint::delete_unreachable_segments(shared);
     if needs_heal {
         // A torn or corrupt slot is rewritten by the next checkpoint (it is the slot
         // the next generation goes to); do it now.
@@ -158,19 +182,26 @@ fn settle(shared: &Shared, replayed: &[Arc<dyn VFile>], needs_heal: bool) -> Res
     Ok(())
 }
 
-/// Loads the newest superblock whose metadata reads back; falls back to the other slot.
-fn load_newest(sb_file: &SuperblockFile, segments: &Segments) -> Result<(Superblock, Meta)> {
+/// Loads the newest superblock whose metadata chain reads back; falls back to the
+/// other slot.
+fn load_newest(sb_file: &SuperblockFile, segments: &Segments) -> Result<(Superblock, Meta, Chain)> {
     let mut last_err = None;
     for sb in sb_file.candidates()? {
-        match segments
-            .read(sb.meta, "metadata")
-            .and_then(|b| Meta::decode(&b))
-        {
-            Ok(meta) => return Ok((sb, meta)),
+        match meta::chain::load(segments, sb.meta) {
+            Ok((meta, chain)) => return Ok((sb, meta, chain)),
             Err(e) => last_err = Some(e),
         }
     }
     Err(last_err.unwrap_or_else(|| Error::corrupted("superblock", "no valid slot")))
+}
+
+/// The blobs of the fallback superblock's chain, whose segments are kept as long as
+/// it is the fallback. Usually a prefix of the newest chain; otherwise read (a chain
+/// that does not read back protects only its newest blob: recovery could not use it).
+fn fallback_chain(segments: &Segments, newest: &Chain, tip: BlockRef) -> Chain {
+    newest.prefix_to(tip).unwrap_or_else(|| {
+        meta::chain::load(segments, tip).map_or_else(|_| Chain::of_base(tip), |(_, c)| c)
+    })
 }
 
 struct Replayed {

@@ -69,6 +69,9 @@ pub struct Stats {
     /// Bytes of every file of the store on disk (segments, WAL, superblock, back
     /// references): what `clean` and `shrink` bring down towards `live_bytes`.
     pub footprint_bytes: u64,
+    /// Bytes of metadata the last checkpoint of this process wrote (one blob: a delta
+    /// of what changed, or now and then a new base); 0 before the first.
+    pub meta_bytes_last_checkpoint: u64,
 }
 
 pub(crate) fn collect(shared: &Shared) -> Result<Stats> {
@@ -77,9 +80,14 @@ pub(crate) fn collect(shared: &Shared) -> Result<Stats> {
         let w = shared.lock_writer();
         (w.refs.shared_blocks() as u64, w.drop_queue.len() as u64)
     };
-    let (generation, checkpoint_lsn, usage) = {
+    let (generation, checkpoint_lsn, usage, meta_bytes_last) = {
         let d = lock(&shared.durable);
-        (d.sb.generation, d.sb.checkpoint_lsn, d.usage.clone())
+        (
+            d.sb.generation,
+            d.sb.checkpoint_lsn,
+            d.meta.usage.clone(),
+            d.meta_bytes_last,
+        )
     };
     let mut s = Stats {
         format_version: FORMAT_VERSION,
@@ -89,6 +97,7 @@ pub(crate) fn collect(shared: &Shared) -> Result<Stats> {
         versions: view.versions.len() as u64,
         shared_blocks,
         drop_pending_nodes: drop_pending,
+        meta_bytes_last_checkpoint: meta_bytes_last,
         ..Stats::default()
     };
     if let Some(main) = view.versions.iter().find(|v| &*v.name == MAIN_BRANCH) {

@@ -351,7 +351,24 @@ fn shutdown(shared: &Shared, reserve: &Reserve) -> Result<()> {
     // Deferred commits are acknowledged and visible: a clean close makes them
     // durable whether or not it checkpoints.
     commit::sync_to(shared, shared.wal.last_lsn())?;
-    if shared.opts.checkpoint_on_close && shared.has_unwritten() {
+    if !shared.opts.checkpoint_on_close {
+        return Ok(());
+    }
+    // A drop interrupted by a crash (or left to a background thread this process
+    // does not run) finishes here, so that its space comes back whatever the store
+    // is used for (the CLI opens it for one command at a time).
+    if !lock(&shared.writer).drop_queue.is_empty() {
+        // Freeing space: on a full disk it may use the reserve.
+        reserve.allow();
+    }
+    versions::finish_drops(shared)?;
+    if shared.has_unwritten() {
+        checkpoint::run(shared, None)?;
+    }
+    // Segments emptied by the last checkpoint wait for one more generation (the
+    // fallback slot still reaches them): a tiny delta checkpoint releases them now
+    // rather than in some later process.
+    if checkpoint::deletions_wait_for_next_generation(shared) {
         checkpoint::run(shared, None)?;
     }
     // Space freed by this session comes back as the reserve first. Best effort: a

@@ -68,7 +68,8 @@ pub(crate) struct Superblock {
     pub checkpoint_lsn: Lsn,
     /// The first WAL generation recovery replays.
     pub wal_gen: u64,
-    /// The metadata blob: catalog, usage table, reference counts.
+    /// The newest blob of the metadata chain (catalog, usage table, reference counts,
+    /// drop queue, pending deletions; see `meta`).
     pub meta: BlockRef,
     pub created_unix_ms: u64,
 }

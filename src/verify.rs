@@ -1,7 +1,8 @@
 //! `verify`, the fsck, and `stats`.
 //!
 //! `verify` re-reads the durable state from disk, bypassing the page cache: the
-//! newest valid superblock (and reports an invalid other slot), the metadata blob,
+//! newest valid superblock (and reports an invalid other slot), the metadata chain
+//! (every blob back to its base, the deltas applied),
 //! every node of every version (checksum from the parent, self-checksum, structure,
 //! key order, key bounds against the parent's separators, levels, sizes), every value
 //! extent (checksum), then recomputes reference counts and per-segment live bytes from
@@ -12,12 +13,12 @@
 
 use crate::btree::node::{Body, Child, Node, Value, BRANCH_ENTRY_MAX, LEAF_ENTRY_MAX, NODE_MAX};
 use crate::btree::walk::{walk, At, Source, Visitor};
-use crate::catalog::Meta;
 use crate::engine::Shared;
 use crate::error::{Error, Result};
 use crate::format::FORMAT_VERSION;
 use crate::format::{Addr, BlockRef, Lsn, SegmentId};
 use crate::io::Vfs;
+use crate::meta::{self, Meta};
 use crate::space::{Segments, Usage};
 use crate::superblock::{Slot, SuperblockFile};
 use crate::wal::{self, Generations, Record};
@@ -243,11 +244,10 @@ pub(crate) fn verify(shared: &Shared, progress: &mut dyn FnMut(u64)) -> Result<V
         .into_iter()
         .next()
         .ok_or_else(|| Error::corrupted("superblock", "no valid slot"))?;
-    let meta = match segments
-        .read(sb.meta, "metadata")
-        .and_then(|b| Meta::decode(&b))
-    {
-        Ok(m) => m,
+    // The metadata is rebuilt from its whole chain: a damaged blob anywhere in it is
+    // damage to the durable state.
+    let meta = match meta::chain::load(&segments, sb.meta) {
+        Ok((m, _)) => m,
         Err(e) => {
             walker.problem(format!(
                 "metadata of superblock generation {}: {e}",

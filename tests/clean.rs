@@ -151,7 +151,7 @@ fn footprint_stays_bounded_over_many_rounds() {
             store.clean(25.0).unwrap();
         }
         let stats = store.stats().unwrap();
-        peak = peak.max(stats.footprint_bytes);
+        peak = peak.max(stats.segment_bytes);
         store.close().unwrap();
     }
     let store = Store::open(&path).unwrap();
@@ -160,7 +160,7 @@ fn footprint_stays_bounded_over_many_rounds() {
     // One round writes about 3 MiB of data; 24 rounds without cleaning leave ~70 MiB.
     assert!(
         peak < 6 * stats.live_bytes + (16 << 20),
-        "footprint peaked at {peak} for {} live bytes",
+        "segments peaked at {peak} bytes for {} live bytes",
         stats.live_bytes
     );
     assert!(store.verify().unwrap().is_clean());

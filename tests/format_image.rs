@@ -1,6 +1,6 @@
 //! The on-disk format, pinned by a checked-in store image.
 //!
-//! `tests/data/format-v2/` is a small store written by this crate at format version 2
+//! `tests/data/format-v3/` is a small store written by this crate at format version 3
 //! (see docs/FORMAT.md). `image_opens_with_every_version_intact` copies it to a
 //! temporary directory, opens it read-only and then writable, and checks every key and
 //! value of every version against [`STEPS`], the script that made it, and that
@@ -21,7 +21,9 @@
 //! - `snap-a`, a snapshot of `main` taken before the edits, and `dev`, a branch of
 //!   `main` with diverging puts (one of them a 2000-byte extent) and deletes;
 //! - `gone` and `scratch`, dropped versions (one dropped after a checkpoint wrote its
-//!   nodes, so the metadata blob's reference counts and drop queue are exercised);
+//!   nodes, so the metadata's reference counts and drop queue are exercised);
+//!   the last checkpoint, of one small change, writes a delta blob on the base the
+//!   previous one wrote, so the metadata read at open is a chain;
 //! - after the last checkpoint, WAL records that are not checkpointed: batches (one
 //!   naming a 1500-byte extent), a snapshot `snap-b` of `dev`, and a branch `tmp`
 //!   made, written and dropped, so replay of batch and version records is pinned too.
@@ -36,7 +38,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// The image's directory, relative to the crate root.
-const IMAGE: &str = "tests/data/format-v2";
+const IMAGE: &str = "tests/data/format-v3";
+
+/// The previous format's image, kept to pin that this build refuses it clearly.
+const OLD_IMAGE: &str = "tests/data/format-v2";
 
 /// One step of the script that makes the image.
 enum Step {
@@ -98,6 +103,9 @@ fn steps() -> Vec<Step> {
         Branch("main", "scratch"),
         Txn("scratch", vec![put(b"scratch-key", b"s".to_vec())]),
         Drop("scratch"),
+        Checkpoint,
+        // A small change: this checkpoint's metadata is a delta on the previous base.
+        Txn("dev", vec![put(&key(9), b"dev-9".to_vec())]),
         Checkpoint,
         // From here on, only in the WAL.
         Txn(
@@ -273,6 +281,19 @@ fn image_opens_with_every_version_intact() {
         "no version record"
     );
 
+    // The newest superblock slot names a delta blob (kind 2 at byte 4 of the metadata
+    // header), read by the documented layouts: the chain is pinned, not just a base.
+    let sb = std::fs::read(image.join("superblock")).unwrap();
+    let slot = [0usize, 4096]
+        .into_iter()
+        .max_by_key(|&o| u64::from_le_bytes(sb[o + 16..o + 24].try_into().unwrap()))
+        .unwrap();
+    let addr = u64::from_le_bytes(sb[slot + 40..slot + 48].try_into().unwrap());
+    let seg = std::fs::read(image.join(format!("seg-{:08x}.dat", addr >> 40))).unwrap();
+    let at = (addr & ((1 << 40) - 1)) as usize;
+    assert_eq!(&seg[at..at + 4], b"CMET");
+    assert_eq!(seg[at + 4], 2, "the newest metadata blob is not a delta");
+
     let dir = tempfile::tempdir().unwrap();
     let store_dir = dir.path().join("store");
     copy_dir(&image, &store_dir);
@@ -307,7 +328,30 @@ fn image_opens_with_every_version_intact() {
     assert!(report.problems.is_empty(), "{:?}", report.problems);
 }
 
-/// Rebuilds `tests/data/format-v2/` from [`steps`]. Run it only on purpose (see the
+/// `tests/data/format-v2/`, written by the previous format, is refused with a
+/// format-version error (not corruption, and nothing is changed on disk).
+#[test]
+fn previous_format_is_refused() {
+    let old = Path::new(env!("CARGO_MANIFEST_DIR")).join(OLD_IMAGE);
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().join("store");
+    copy_dir(&old, &store_dir);
+    let before = std::fs::read(store_dir.join("superblock")).unwrap();
+    for read_only in [true, false] {
+        let opts = Options {
+            read_only,
+            ..Default::default()
+        };
+        let err = Store::open_with(&store_dir, opts).expect_err("a version-2 store opened");
+        assert!(
+            matches!(err, cambium::Error::FormatVersion { .. }),
+            "{err:?}"
+        );
+    }
+    assert_eq!(std::fs::read(store_dir.join("superblock")).unwrap(), before);
+}
+
+/// Rebuilds `tests/data/format-v3/` from [`steps`]. Run it only on purpose (see the
 /// top of this file).
 // Ignored on purpose: running it overwrites the checked-in image, which would make the
 // format test pass against whatever the code writes today. Regenerate only after a

@@ -49,6 +49,10 @@ pub(crate) struct RefCounts {
     /// Nodes made dirty in this epoch or earlier are written and merged: their
     /// counts are in `table`.
     pub merged_through: u64,
+    /// Addresses whose `table` entry changed since the last [`RefCounts::take_changes`]:
+    /// what the next checkpoint's metadata delta records (a checkpoint writes only
+    /// what changed, never the whole table).
+    changed: AddrMap<Addr, ()>,
 }
 
 /// What a pointer points at, which decides where its count lives.
@@ -66,7 +70,28 @@ impl RefCounts {
             table: table.into_iter().collect(),
             mem: AddrMap::default(),
             merged_through: 0,
+            changed: AddrMap::default(),
         }
+    }
+
+    /// Marks `addr`'s entry as changed, so the next checkpoint records its count
+    /// (for an address a checkpoint recorded from an in-memory entry whose count may
+    /// have changed, or gone, before it was merged into the table).
+    pub(crate) fn mark_changed(&mut self, addr: Addr) {
+        self.changed.insert(addr, ());
+    }
+
+    /// The current count of every address whose entry changed since the last call,
+    /// sorted by address (a count of one or less means the entry is gone); resets
+    /// the record. Costs the number of changes, not the size of the table.
+    pub(crate) fn take_changes(&mut self) -> Vec<(Addr, u32)> {
+        let mut out: Vec<(Addr, u32)> = self
+            .changed
+            .drain()
+            .map(|(a, ())| (a, self.table.get(&a).copied().unwrap_or(1)))
+            .collect();
+        out.sort_unstable_by_key(|&(a, _)| a);
+        out
     }
 
     /// Whether an in-memory node's count is still kept by identity.
@@ -99,9 +124,11 @@ impl RefCounts {
             return;
         }
         let table = &mut self.table;
+        let changed = &mut self.changed;
         self.mem.retain(|_, (n, count)| match n.disk.get() {
             Some(r) if n.epoch <= epoch => {
                 table.insert(r.addr, *count);
+                changed.insert(r.addr, ());
                 false
             }
             _ => true,
@@ -124,6 +151,7 @@ impl RefCounts {
             // poisoning then makes the store refuse writes) rather than go on to free
             // live data.
             assert!(now >= 0, "reference count of {addr:?} below zero ({now})");
+            self.changed.insert(addr, ());
             match u32::try_from(now) {
                 Ok(n) if n > 1 => {
                     self.table.insert(addr, n);

@@ -30,8 +30,9 @@ use crate::catalog::Catalog;
 use crate::error::{Error, Result};
 use crate::format::{BlockRef, Lsn};
 use crate::io::{VFile, Vfs};
+use crate::meta::{Chain, Meta};
 use crate::options::Options;
-use crate::space::{Segments, SpaceDelta, Usage};
+use crate::space::{Segments, SpaceDelta};
 use crate::superblock::Superblock;
 use crate::sync::lock;
 use crate::wal::Wal;
@@ -67,7 +68,32 @@ pub(crate) struct Durable {
     /// and segments until a checkpoint after the one that emptied them.
     pub fallback: Option<Superblock>,
     pub sb_file: Arc<dyn VFile>,
-    pub usage: Usage,
+    /// The metadata `sb` describes, rebuilt from its chain (roots by address). Each
+    /// checkpoint computes its delta against it and folds the delta in.
+    pub meta: Meta,
+    /// The blobs of `sb`'s metadata chain.
+    pub chain: Chain,
+    /// The blobs of the fallback superblock's chain (often a prefix of `chain`).
+    pub fallback_chain: Chain,
+    /// Addresses the last checkpoint recorded from in-memory counts: the next freeze
+    /// re-records them from the table, where their counts may have changed or gone.
+    pub recorded_from_mem: Vec<crate::format::Addr>,
+    /// Bytes of the metadata blob the last checkpoint wrote (0 before the first).
+    pub meta_bytes_last: u64,
+}
+
+impl Durable {
+    /// Segments holding a blob of either superblock's metadata chain.
+    pub(crate) fn chain_segments(&self) -> Vec<crate::format::SegmentId> {
+        let mut s: Vec<_> = self
+            .chain
+            .segments()
+            .chain(self.fallback_chain.segments())
+            .collect();
+        s.sort_unstable();
+        s.dedup();
+        s
+    }
 }
 
 /// What the background thread is asked to do.
@@ -84,6 +110,7 @@ pub(crate) struct BackgroundWork {
 pub(crate) type Signal = (Mutex<BackgroundWork>, Condvar);
 
 /// A segment a durable checkpoint emptied, waiting until nothing can reach it.
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct PendingDelete {
     pub segment: crate::format::SegmentId,
     /// Views at an LSN below this may still reach the segment.
@@ -91,6 +118,26 @@ pub(crate) struct PendingDelete {
     /// The superblock generation that emptied it: the fallback superblock may reach it
     /// until a later generation is durable.
     pub generation: u64,
+}
+
+impl PendingDelete {
+    /// A pending deletion read from the durable metadata at open: no view of this
+    /// process can be older than the state that emptied it.
+    pub(crate) fn loaded(p: crate::meta::PendingSegment) -> PendingDelete {
+        PendingDelete {
+            segment: p.segment,
+            lsn: Lsn(0),
+            generation: p.generation,
+        }
+    }
+
+    /// What the metadata persists of it.
+    pub(crate) fn persisted(&self) -> crate::meta::PendingSegment {
+        crate::meta::PendingSegment {
+            segment: self.segment,
+            generation: self.generation,
+        }
+    }
 }
 
 /// Everything one open store shares between its handles and threads.

@@ -2,7 +2,7 @@
 //!
 //! Everything durable except the superblock and the WAL lives in append-only segment
 //! files: tree nodes (written by checkpoints), value extents (written by commits) and
-//! the metadata blob of each checkpoint. Nothing is ever overwritten in place.
+//! the metadata blob of each checkpoint (a delta or a base of the metadata chain). Nothing is ever overwritten in place.
 //!
 //! Invariants:
 //! - A byte reachable from the durable superblock is never overwritten: appends go to
@@ -49,18 +49,3 @@ impl SpaceDelta {
 
 /// Live bytes per segment as of a checkpoint.
 pub(crate) type Usage = BTreeMap<SegmentId, u64>;
-
-/// Applies a delta to a usage table. A result below zero means the books are wrong: a
-/// bug, so it panics rather than silently writing a bad table.
-pub(crate) fn apply_delta(usage: &mut Usage, delta: &SpaceDelta) {
-    for (&seg, &d) in &delta.per_segment {
-        let live = usage.entry(seg).or_default();
-        let new = i64::try_from(*live).expect("live bytes fit i64") + d;
-        assert!(
-            new >= 0,
-            "segment {seg:?} live bytes would go negative ({live} {d:+})"
-        );
-        *live = u64::try_from(new).expect("checked non-negative");
-    }
-    usage.retain(|_, live| *live > 0);
-}
