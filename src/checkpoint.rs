@@ -26,8 +26,10 @@
 //! superblock slot fails its checksum and the other slot is used. After it, the new
 //! superblock is used and replays from the new generation.
 
+use crate::backref::WriteStore;
 use crate::btree::node::{Body, Child, Node};
 use crate::btree::walk::{walk, At, Visitor};
+use crate::btree::{end_backrefs, node_children};
 use crate::catalog::Catalog;
 use crate::engine::{fits_pinned, Durable, PendingDelete, Shared, WriterState};
 use crate::error::Result;
@@ -61,6 +63,8 @@ struct Frozen {
     next_wal_gen: u64,
     /// Segments at or above this id may hold blocks written after the freeze.
     first_unsafe_segment: SegmentId,
+    /// Back references the interval ended; the nodes this checkpoint writes add theirs.
+    backrefs: WriteStore,
 }
 
 /// Runs a checkpoint. `held` is the writer state when the caller already holds the
@@ -128,6 +132,7 @@ fn freeze(shared: &Shared, w: &mut WriterState, durable: &mut Durable) -> Result
             .get()
             .expect("the previous checkpoint wrote every frozen node");
         w.delta.free(r);
+        end_backrefs(&mut w.backrefs, r, &node);
     }
     let first_unsafe_segment = shared.segments.newest();
     let closed_gen = shared.wal.rotate(&shared.segments)?;
@@ -147,6 +152,7 @@ fn freeze(shared: &Shared, w: &mut WriterState, durable: &mut Durable) -> Result
         delta: std::mem::take(&mut w.delta),
         next_wal_gen: closed_gen + 1,
         first_unsafe_segment,
+        backrefs: std::mem::take(&mut w.backrefs),
     };
     w.epoch += 1;
     w.dirty_bytes = 0;
@@ -235,7 +241,7 @@ fn plan_meta(
         refcounts: ref_changes.into_iter().collect(),
         drop_queue: (drop_queue != durable.meta.drop_queue).then_some(drop_queue),
         pending_deletes: (persisted != durable.meta.pending_deletes).then_some(persisted),
-        // Nothing writes the manifest yet: it is carried as it is.
+        // Set by `write`, once the run is persisted.
         backref_manifest: None,
     };
     Ok(MetaPlan {
@@ -248,15 +254,33 @@ fn plan_meta(
 /// Writes the frozen state; returns its epoch once it is durable.
 fn write(shared: &Shared, durable: &mut Durable, mut frozen: Frozen) -> Result<u64> {
     let mut written = SpaceDelta::default();
-    for level in collect_dirty(shared, &frozen.catalog)? {
-        write_level(shared, &level, &mut written)?;
+    let levels = collect_dirty(shared, &frozen.catalog)?;
+    for level in &levels {
+        write_level(shared, level, &mut written)?;
     }
+    // Every pointer of a node written now is a back reference (its children were
+    // written before it: levels go bottom-up).
+    for node in levels.iter().flatten() {
+        let r = node
+            .disk
+            .get()
+            .expect("every collected node was written above");
+        for child in node_children(node) {
+            frozen.backrefs.add(child, r.addr);
+        }
+    }
+    drop(levels);
     let generation = durable.sb.generation + 1;
     let MetaPlan {
-        delta,
+        mut delta,
         pending,
         recorded_from_mem,
     } = plan_meta(shared, durable, &mut frozen, &written, generation)?;
+    // The back references of this generation: one run, durable before the superblock.
+    let previous_manifest = durable.meta.backref_manifest.clone();
+    let manifest =
+        lock(&shared.backrefs).persist(std::mem::take(&mut frozen.backrefs), generation)?;
+    delta.backref_manifest = (manifest != previous_manifest).then(|| manifest.clone());
     // A chain that keeps an otherwise empty segment alive is rewritten as a base, so
     // the segment can go.
     let rebase = durable
@@ -285,6 +309,14 @@ fn write(shared: &Shared, durable: &mut Durable, mut frozen: Frozen) -> Result<u
     durable.meta_bytes_last = u64::from(meta_ref.len);
     shared.wal.checkpoint_done();
     wal::remove_below(&*shared.vfs, previous.wal_gen)?;
+    // Run files neither slot names (replaced by a compaction, or left by a checkpoint
+    // that never became durable) go.
+    let keep: Vec<&[u8]> = [&manifest, &previous_manifest]
+        .into_iter()
+        .filter(|m| !m.is_empty())
+        .map(Vec::as_slice)
+        .collect();
+    lock(&shared.backrefs).collect_garbage(&keep)?;
     // Add the segments this generation emptied; entries deleted meanwhile (by the
     // previous checkpoint's `after_durable`, on another thread) stay deleted.
     let mut current = lock(&shared.pending_deletes);
@@ -474,7 +506,12 @@ pub(crate) fn delete_unreachable_segments(shared: &Shared) {
             return true;
         }
         // A failed delete leaves dead bytes behind, nothing worse; try again later.
-        shared.segments.delete(p.segment).is_err()
+        if shared.segments.delete(p.segment).is_err() {
+            return true;
+        }
+        // No back reference can name it any more: compaction may purge its records.
+        lock(&shared.backrefs).delete_segment(p.segment);
+        false
     });
 }
 

@@ -29,6 +29,8 @@
 //! before step 3's superblock simply leaves the old (still valid) addresses in use,
 //! and the copies written so far are dead bytes.
 
+use crate::backref::WriteStore;
+use crate::btree::end_backrefs;
 use crate::btree::node::{Body, Child, Node, Value};
 use crate::btree::refcount::{RcDelta, Target};
 use crate::btree::walk::{walk, At, Visitor};
@@ -395,6 +397,7 @@ fn relocate(shared: &Shared, pick: &dyn Fn(BlockRef) -> bool) -> Result<Moved> {
         table: &w.refs.table,
         moved: Moved::default(),
         dirtied: 0,
+        backrefs: WriteStore::default(),
     };
     let roots: Vec<Child> = w
         .catalog
@@ -411,6 +414,7 @@ fn relocate(shared: &Shared, pick: &dyn Fn(BlockRef) -> bool) -> Result<Moved> {
         rc,
         moved,
         dirtied,
+        backrefs,
         ..
     } = mover;
     if moved.blocks == 0 {
@@ -429,6 +433,7 @@ fn relocate(shared: &Shared, pick: &dyn Fn(BlockRef) -> bool) -> Result<Moved> {
     w.delta.merge(delta);
     w.refs.apply(rc);
     w.dirty_bytes += dirtied;
+    w.backrefs.merge(backrefs);
     // Commit by checkpoint: the copies are written and the victims' bytes freed.
     w.last_lsn = w.last_lsn.next();
     checkpoint::run(shared, Some(w))?;
@@ -456,6 +461,8 @@ struct Mover<'a> {
     table: &'a AddrMap<Addr, u32>,
     moved: Moved,
     dirtied: u64,
+    /// Back references of the originals, ended (the copies' begin when written).
+    backrefs: WriteStore,
 }
 
 impl Mover<'_> {
@@ -517,6 +524,7 @@ impl Mover<'_> {
         self.rc.add(&Target::Mem(&copy), others);
         self.rc.add(&Target::Block(old), -others);
         self.delta.free(old);
+        end_backrefs(&mut self.backrefs, old, node);
         self.dirtied += copy.size as u64;
         self.moved.blocks += 1;
         self.moved.bytes += u64::from(old.len);

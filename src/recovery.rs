@@ -14,6 +14,7 @@
 //! needs, deletes the segments a previous process left pending that neither slot can
 //! reach, and rewrites an invalid superblock slot with an immediate checkpoint.
 
+use crate::backref::{BackrefStore, WriteStore};
 use crate::btree::cache::PageCache;
 use crate::catalog::Catalog;
 use crate::checkpoint;
@@ -79,6 +80,8 @@ pub(crate) fn open(
     let fallback_chain = fallback.map_or_else(Chain::default, |f| {
         fallback_chain(&segments, &chain, f.meta)
     });
+    let manifest = &meta.backref_manifest;
+    let backrefs = BackrefStore::open(vfs.clone(), (!manifest.is_empty()).then_some(manifest))?;
     let cache = PageCache::new(opts.cache_bytes);
     let keep_pinned = fits_pinned(meta.usage.values().sum(), cache.capacity());
     let mut writer = WriterState {
@@ -92,6 +95,7 @@ pub(crate) fn open(
         drop_queue: meta.drop_queue.clone(),
         last_lsn: sb.checkpoint_lsn,
         dirty_bytes: 0,
+        backrefs: WriteStore::default(),
     };
     let loader = crate::btree::Loader {
         cache: &cache,
@@ -136,6 +140,7 @@ pub(crate) fn open(
         opts,
         vfs,
         segments,
+        backrefs: Mutex::new(backrefs),
         cache,
         wal,
         writer: Mutex::new(writer),

@@ -11,7 +11,9 @@
 //! payload structure. Every finding is a line in `problems`; it never stops at the
 //! first one unless the structure to walk is gone.
 
+use crate::backref::{BackrefStore, Edge, WriteStore};
 use crate::btree::node::{Body, Child, Node, Value, BRANCH_ENTRY_MAX, LEAF_ENTRY_MAX, NODE_MAX};
+use crate::btree::node_children;
 use crate::btree::walk::{walk, At, Source, Visitor};
 use crate::engine::Shared;
 use crate::error::{Error, Result};
@@ -23,7 +25,7 @@ use crate::space::{Segments, Usage};
 use crate::superblock::{Slot, SuperblockFile};
 use crate::wal::{self, Generations, Record};
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// What `verify` found.
@@ -60,6 +62,8 @@ struct Walker<'a> {
     /// Times each block is referenced by the walk.
     refs: BTreeMap<Addr, (u32, u32)>,
     usage: Usage,
+    /// Every pointer of every written node walked: the back references there must be.
+    edges: Vec<Edge>,
     progress: &'a mut dyn FnMut(u64),
 }
 
@@ -195,6 +199,11 @@ impl Visitor for TreeCheck<'_, '_> {
         w.report.bytes += u64::from(r.len);
         (w.progress)(w.report.bytes);
         w.check_node(self.version, at, r, node);
+        w.edges.extend(node_children(node).map(|child| Edge {
+            child: child.addr,
+            parent: r.addr,
+            len: child.len,
+        }));
         if at.depth == 0 && self.is_version_root && node.len() == 0 {
             w.problem(format!("{}: empty root node {:?}", self.version, r.addr));
         }
@@ -228,6 +237,7 @@ pub(crate) fn verify(shared: &Shared, progress: &mut dyn FnMut(u64)) -> Result<V
         report: VerifyReport::default(),
         refs: BTreeMap::new(),
         usage: Usage::new(),
+        edges: Vec::new(),
         progress,
     };
     for (i, slot) in sb_file.slots.iter().enumerate() {
@@ -268,6 +278,7 @@ pub(crate) fn verify(shared: &Shared, progress: &mut dyn FnMut(u64)) -> Result<V
         walker.tree("(dropped)", *r, false);
     }
     check_tables(&mut walker, &meta, &segments)?;
+    check_backrefs(&mut walker, &meta, &shared.vfs);
     check_wal(&mut walker, vfs, sb.wal_gen, sb.checkpoint_lsn)?;
     Ok(walker.report)
 }
@@ -312,6 +323,46 @@ fn check_tables(walker: &mut Walker<'_>, meta: &Meta, segments: &Segments) -> Re
         }
     }
     Ok(())
+}
+
+/// Rebuilds the back references from the walk and compares them with the stored
+/// ones (Backlog's own check): every pointer of a written node is a live back
+/// reference, and there is no other.
+fn check_backrefs(walker: &mut Walker<'_>, meta: &Meta, vfs: &Arc<dyn Vfs>) {
+    let manifest = &meta.backref_manifest;
+    let stored = match BackrefStore::open(vfs.clone(), (!manifest.is_empty()).then_some(manifest)) {
+        Ok(store) => store.live_edges(&WriteStore::default()),
+        Err(e) => {
+            walker.problem(format!("back references: {e}"));
+            return;
+        }
+    };
+    let mut found = std::mem::take(&mut walker.edges);
+    found.sort();
+    found.dedup();
+    let stored: BTreeSet<(Addr, Addr, u32)> =
+        stored.iter().map(|e| (e.child, e.parent, e.len)).collect();
+    let found: BTreeSet<(Addr, Addr, u32)> =
+        found.iter().map(|e| (e.child, e.parent, e.len)).collect();
+    let missing = found.difference(&stored).count();
+    let extra = stored.difference(&found).count();
+    let mut report = |what: &str, n: usize, example: Option<&(Addr, Addr, u32)>| {
+        if let Some((child, parent, _)) = example {
+            walker.problem(format!(
+                "back references: {n} {what} (e.g. {child:?} <- {parent:?})"
+            ));
+        }
+    };
+    report(
+        "pointers have no stored back reference",
+        missing,
+        found.difference(&stored).next(),
+    );
+    report(
+        "stored back references match no pointer",
+        extra,
+        stored.difference(&found).next(),
+    );
 }
 
 /// Checks every WAL record past the checkpoint: framing, checksum, LSN continuity

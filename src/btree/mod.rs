@@ -20,7 +20,7 @@ pub(crate) mod refcount;
 pub(crate) mod walk;
 mod write;
 
-pub(crate) use write::{delete, insert, WriteCtx};
+pub(crate) use write::{delete, end_backrefs, insert, node_children, WriteCtx};
 
 use crate::btree::cache::PageCache;
 use crate::error::{Error, Result};

@@ -21,6 +21,7 @@ use super::node::{
     Value, MERGE_MAX, NODE_MAX, NODE_MIN,
 };
 use super::{child_index, Loader};
+use crate::backref::WriteStore;
 use crate::btree::refcount::{RcDelta, RefCounts, Target};
 use crate::error::Result;
 use crate::format::BlockRef;
@@ -45,6 +46,9 @@ pub(crate) struct WriteCtx<'a> {
     pub refs: &'a RefCounts,
     /// This transaction's changes to them.
     pub rc: &'a mut RcDelta,
+    /// Back references this transaction ends: a written node it frees no longer
+    /// points at its children.
+    pub backrefs: &'a mut WriteStore,
 }
 
 impl WriteCtx<'_> {
@@ -140,9 +144,40 @@ impl WriteCtx<'_> {
     pub(crate) fn release_queued(&mut self, r: BlockRef, queue: &mut Vec<BlockRef>) -> Result<()> {
         let node = self.loader.load(r)?;
         self.release_children(&node, queue);
-        self.delta.free(r);
+        self.free_written(r, &node);
         Ok(())
     }
+
+    /// Frees the written node `node` at `r`: its bytes, and its back references.
+    fn free_written(&mut self, r: BlockRef, node: &Node) {
+        self.delta.free(r);
+        end_backrefs(self.backrefs, r, node);
+    }
+}
+
+/// Records that the written node at `r` is gone: none of its pointers is a back
+/// reference any more. (A written node names every child by a written address.)
+pub(crate) fn end_backrefs(backrefs: &mut WriteStore, r: BlockRef, node: &Node) {
+    for child in node_children(node) {
+        backrefs.remove(child.addr, r.addr);
+    }
+}
+
+/// The written blocks a node points at: its children, or a leaf's value extents.
+pub(crate) fn node_children(node: &Node) -> impl Iterator<Item = BlockRef> + '_ {
+    let (branch, leaf) = match &node.body {
+        Body::Branch(entries) => (Some(entries), None),
+        Body::Leaf(entries) => (None, Some(entries)),
+    };
+    let children = branch
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.child.disk_ref());
+    let extents = leaf.into_iter().flatten().filter_map(|e| match e.value {
+        Value::Extent(r) => Some(r),
+        Value::Inline(_) => None,
+    });
+    children.chain(extents)
 }
 
 /// Makes the node behind `slot` writable by this transaction and returns it.
@@ -158,7 +193,7 @@ pub(crate) fn shadow<'c>(slot: &'c mut Child, ctx: &mut WriteCtx<'_>) -> Result<
                 ctx.rc.add(&t, -1);
                 ctx.add_parent_to_children(&node);
             } else {
-                ctx.delta.free(r);
+                ctx.free_written(r, &node);
             }
             Some(ctx.copy(&node))
         }

@@ -11,6 +11,7 @@
 //!   the writer state in one place.
 
 use super::WriterState;
+use crate::backref::WriteStore;
 use crate::btree::node::{Child, Node, Value};
 use crate::btree::refcount::RcDelta;
 use crate::btree::{self, Loader, WriteCtx};
@@ -35,6 +36,8 @@ pub(crate) struct Changes {
     superseded: Vec<Arc<Node>>,
     /// Bytes of nodes made dirty.
     dirtied_bytes: u64,
+    /// Back references ended by the written nodes freed.
+    backrefs: WriteStore,
 }
 
 impl Changes {
@@ -54,6 +57,7 @@ impl Changes {
             keep_pinned,
             refs: &w.refs,
             rc: &mut self.rc,
+            backrefs: &mut self.backrefs,
         }
     }
 
@@ -63,6 +67,7 @@ impl Changes {
         w.refs.apply(self.rc);
         w.superseded.extend(self.superseded);
         w.dirty_bytes += self.dirtied_bytes;
+        w.backrefs.merge(self.backrefs);
     }
 }
 

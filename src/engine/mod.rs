@@ -22,6 +22,7 @@ mod view;
 pub(crate) use apply::{apply_op, apply_record, create_version, drop_step, drop_version, Changes};
 pub(crate) use view::{View, ViewRegistry};
 
+use crate::backref::{BackrefStore, WriteStore};
 use crate::btree::cache::PageCache;
 use crate::btree::node::Node;
 use crate::btree::refcount::RefCounts;
@@ -58,6 +59,9 @@ pub(crate) struct WriterState {
     pub last_lsn: Lsn,
     /// Approximate bytes of nodes dirtied since the last freeze.
     pub dirty_bytes: u64,
+    /// Back references ended since the last freeze (the checkpoint adds the ones its
+    /// writes begin, and persists them as one run).
+    pub backrefs: WriteStore,
 }
 
 /// The durable state: what the newest superblock says. Guarded by the checkpoint lock.
@@ -147,6 +151,9 @@ pub(crate) struct Shared {
     pub opts: Options,
     pub vfs: Arc<dyn Vfs>,
     pub segments: Segments,
+    /// The back references as of the durable checkpoint (the writer's `backrefs`
+    /// holds what happened since). Taken after `durable` when both are needed.
+    pub backrefs: Mutex<BackrefStore>,
     pub cache: PageCache,
     pub wal: Wal,
     pub writer: Mutex<WriterState>,
