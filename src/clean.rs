@@ -103,7 +103,7 @@ pub(crate) fn clean(
     clean_at_most(shared, dead_below, u64::MAX, progress)
 }
 
-/// Cleans when [`crate::Options::auto_clean_dead_percent`] says it is due: dead bytes
+/// Cleans when [`crate::options::Options::auto_clean_dead_percent`] says it is due: dead bytes
 /// past the threshold (and past `AUTO_CLEAN_MIN_DEAD`), down to half the threshold,
 /// moving at most `AUTO_CLEAN_MAX_MOVED`. Returns whether it cleaned.
 pub(crate) fn auto_clean(shared: &Shared) -> Result<bool> {
@@ -152,8 +152,7 @@ fn clean_at_most(
     }
     for round in rounds(&victims) {
         let ids: HashSet<SegmentId> = round.iter().map(|s| s.id).collect();
-        let pick = |r: BlockRef| ids.contains(&r.addr.segment());
-        let done = relocate(shared, &pick)?;
+        let done = relocate(shared, &Victims::Segments(ids))?;
         report.blocks_moved += done.blocks;
         report.bytes_moved += done.bytes;
         report.segments_cleaned += round.len() as u64;
@@ -212,8 +211,13 @@ pub(crate) fn defrag(shared: &Shared, version: Option<&str>) -> Result<CleanRepo
             }
             nodes.0
         };
-        let pick = |r: BlockRef| r.addr.segment() < first_new && nodes.contains(&r.addr);
-        let done = relocate(shared, &pick)?;
+        let done = relocate(
+            shared,
+            &Victims::Nodes {
+                nodes,
+                below: first_new,
+            },
+        )?;
         report.blocks_moved += done.blocks;
         report.bytes_moved += done.bytes;
     }
@@ -377,46 +381,53 @@ struct Moved {
     bytes: u64,
 }
 
-/// Moves every live block `pick` selects (nodes and value extents), rewriting the
-/// closure of parents up to the roots, and commits the move by checkpoint.
-fn relocate(shared: &Shared, pick: &dyn Fn(BlockRef) -> bool) -> Result<Moved> {
+/// What to move.
+enum Victims {
+    /// Every live block in these segments.
+    Segments(HashSet<SegmentId>),
+    /// These nodes, unless they already lie at or past segment `below` (where the
+    /// copies of this run go).
+    Nodes {
+        nodes: HashSet<Addr>,
+        below: SegmentId,
+    },
+}
+
+impl Victims {
+    fn picks(&self, r: BlockRef) -> bool {
+        match self {
+            Victims::Segments(ids) => ids.contains(&r.addr.segment()),
+            Victims::Nodes { nodes, below } => r.addr.segment() < *below && nodes.contains(&r.addr),
+        }
+    }
+}
+
+/// Moves the victims (nodes and value extents), rewriting the closure of their
+/// parents up to the roots, and commits the move by checkpoint.
+///
+/// The closure comes from the back references: the victims' parents, theirs, and so
+/// on up to the roots, so the walk reads only the nodes it rewrites. The move is
+/// checked before anything is applied: every block moved must have had each of its
+/// parents rewritten (as many as its reference count says). If the back references
+/// missed one, the move is retried with the closure found by walking every version,
+/// rather than leave a parent pointing at a block about to be freed.
+fn relocate(shared: &Shared, victims: &Victims) -> Result<Moved> {
     let mut w = shared.lock_writer_checked()?;
     settle(shared, &mut w)?;
-    let w = &mut *w;
-    let mut mover = Mover {
-        shared,
-        pick,
-        w_epoch: w.epoch,
-        merged_through: w.refs.merged_through,
-        keep_pinned: shared.keep_pinned(),
-        copies: AddrMap::default(),
-        extents: AddrMap::default(),
-        stack: Vec::new(),
-        delta: SpaceDelta::default(),
-        rc: RcDelta::default(),
-        table: &w.refs.table,
-        moved: Moved::default(),
-        dirtied: 0,
-        backrefs: WriteStore::default(),
+    let closure = closure(shared, &w, victims);
+    let plan = match plan_moves(shared, &w, victims, Some(&closure)) {
+        Err(Error::Corrupted { .. }) => plan_moves(shared, &w, victims, None)?,
+        other => other?,
     };
-    let roots: Vec<Child> = w
-        .catalog
-        .versions
-        .iter()
-        .filter_map(|v| v.root.clone())
-        .collect();
-    for root in &roots {
-        walk(&mut shared.loader(), root, &mut mover)?;
-    }
-    let Mover {
+    let w = &mut *w;
+    let Plan {
         copies,
         delta,
         rc,
         moved,
         dirtied,
         backrefs,
-        ..
-    } = mover;
+    } = plan;
     if moved.blocks == 0 {
         return Ok(moved);
     }
@@ -441,12 +452,133 @@ fn relocate(shared: &Shared, pick: &dyn Fn(BlockRef) -> bool) -> Result<Moved> {
     Ok(moved)
 }
 
+/// The addresses a relocation must rewrite: the victims, and every node on a path
+/// from a root to one, found upwards through the back references.
+fn closure(shared: &Shared, w: &WriterState, victims: &Victims) -> HashSet<Addr> {
+    let store = lock(&shared.backrefs);
+    let ws = &w.backrefs;
+    let mut closure: HashSet<Addr> = HashSet::new();
+    let mut todo: Vec<Addr> = Vec::new();
+    match victims {
+        Victims::Segments(ids) => {
+            for &seg in ids {
+                let lo = Addr::new(seg, 0);
+                let hi = Addr::new(SegmentId(seg.0.saturating_add(1)), 0);
+                for e in store.edges(lo..hi, ws) {
+                    closure.insert(e.child);
+                    todo.push(e.parent);
+                }
+            }
+            // Roots have no parent edge.
+            for r in w.catalog.versions.iter().filter_map(|v| v.root.as_ref()) {
+                if let Some(r) = r.disk_ref().filter(|r| victims.picks(*r)) {
+                    closure.insert(r.addr);
+                }
+            }
+        }
+        Victims::Nodes { nodes, .. } => todo.extend(nodes.iter().copied()),
+    }
+    while let Some(a) = todo.pop() {
+        if closure.insert(a) {
+            todo.extend(
+                store
+                    .parents(a, ws)
+                    .into_iter()
+                    .filter(|p| !closure.contains(p)),
+            );
+        }
+    }
+    closure
+}
+
+/// What a relocation would change, not yet applied.
+struct Plan {
+    copies: AddrMap<Addr, Option<Arc<Node>>>,
+    delta: SpaceDelta,
+    rc: RcDelta,
+    moved: Moved,
+    dirtied: u64,
+    backrefs: WriteStore,
+}
+
+/// Walks the versions (only into `closure`, when given) and builds the copies. Fails
+/// with `Corrupted` if a moved block would keep a parent that was not rewritten.
+fn plan_moves(
+    shared: &Shared,
+    w: &WriterState,
+    victims: &Victims,
+    closure: Option<&HashSet<Addr>>,
+) -> Result<Plan> {
+    let pick = |r: BlockRef| victims.picks(r);
+    let mut mover = Mover {
+        shared,
+        pick: &pick,
+        closure,
+        rewired: AddrMap::default(),
+        w_epoch: w.epoch,
+        merged_through: w.refs.merged_through,
+        keep_pinned: shared.keep_pinned(),
+        copies: AddrMap::default(),
+        extents: AddrMap::default(),
+        stack: Vec::new(),
+        delta: SpaceDelta::default(),
+        rc: RcDelta::default(),
+        table: &w.refs.table,
+        moved: Moved::default(),
+        dirtied: 0,
+        backrefs: WriteStore::default(),
+    };
+    let roots: Vec<Child> = w
+        .catalog
+        .versions
+        .iter()
+        .filter_map(|v| v.root.clone())
+        .collect();
+    for root in &roots {
+        walk(&mut shared.loader(), root, &mut mover)?;
+        if let Some(r) = root.disk_ref() {
+            if matches!(mover.copies.get(&r.addr), Some(Some(_))) {
+                *mover.rewired.entry(r.addr).or_default() += 1;
+            }
+        }
+    }
+    // Every moved block must have had all its parents rewritten.
+    let moved_blocks = mover
+        .copies
+        .iter()
+        .filter(|(_, c)| c.is_some())
+        .map(|(a, _)| *a)
+        .chain(mover.extents.keys().copied());
+    for addr in moved_blocks {
+        let parents = mover.table.get(&addr).copied().unwrap_or(1);
+        let rewired = mover.rewired.get(&addr).copied().unwrap_or(0);
+        if parents != rewired {
+            return Err(Error::corrupted(
+                "back references",
+                format!("block {addr:?} has {parents} parents but {rewired} were rewritten"),
+            ));
+        }
+    }
+    Ok(Plan {
+        copies: mover.copies,
+        delta: mover.delta,
+        rc: mover.rc,
+        moved: mover.moved,
+        dirtied: mover.dirtied,
+        backrefs: mover.backrefs,
+    })
+}
+
 /// The relocation walk. Post-order: a node is copied when it is picked, or when any of
 /// its children or value extents was (so parents see their children's copies first).
 /// Each address is decided once (`copies`), so a shared node gets one copy.
 struct Mover<'a> {
     shared: &'a Shared,
     pick: &'a dyn Fn(BlockRef) -> bool,
+    /// The only nodes that can need a copy (`None`: any; every node is walked).
+    closure: Option<&'a HashSet<Addr>>,
+    /// Moved block → how many pointers to it were rewritten to its copy.
+    rewired: AddrMap<Addr, u32>,
     w_epoch: u64,
     merged_through: u64,
     keep_pinned: bool,
@@ -505,6 +637,7 @@ impl Mover<'_> {
                     };
                     if let Some(Some(n)) = self.copies.get(&r.addr) {
                         e.child = Child::Mem(n.clone());
+                        *self.rewired.entry(r.addr).or_default() += 1;
                     }
                 }
             }
@@ -513,6 +646,7 @@ impl Mover<'_> {
                     if let Value::Extent(r) = e.value {
                         if (self.pick)(r) || self.extents.contains_key(&r.addr) {
                             e.value = Value::Extent(self.move_extent(r)?);
+                            *self.rewired.entry(r.addr).or_default() += 1;
                         }
                     }
                 }
@@ -539,6 +673,10 @@ fn unsettled() -> Error {
 impl Visitor for Mover<'_> {
     fn enter(&mut self, at: &At<'_>) -> Result<bool> {
         let r = at.child.disk_ref().ok_or_else(unsettled)?;
+        if self.closure.is_some_and(|c| !c.contains(&r.addr)) {
+            // Nothing below needs moving.
+            return Ok(false);
+        }
         match self.copies.get(&r.addr) {
             Some(copy) => {
                 if copy.is_some() {

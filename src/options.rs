@@ -27,7 +27,7 @@ pub struct Options {
     /// Clean on its own (after background checkpoints, and when the store is closed)
     /// once dead bytes pass this percentage of the segment bytes (and at least
     /// 16 MiB), down to half of it, moving at most 128 MiB each time; `None` leaves
-    /// cleaning to [`crate::Store::clean`].
+    /// cleaning to `Store::clean`.
     pub auto_clean_dead_percent: Option<f64>,
     /// The file system to use; `None` means real files in the store directory.
     pub vfs: Option<Arc<dyn Vfs>>,
