@@ -2,14 +2,15 @@
 //! nodes that point at it, the key it sits under, and the versions that reach it
 //! (expanded upwards through shared parents to every root, Backlog §4.2.2).
 //!
-//! The answer comes from an index of parent edges. `walk_index` builds one from a
-//! full walk of every version; `verify` compares it with the back-reference store.
+//! The answer comes from the back references (`crate::backref`), which `verify`
+//! checks against a full walk.
 
 use crate::btree::node::{Body, Node, Value};
 use crate::btree::walk::{walk, At, Visitor};
 use crate::engine::Shared;
 use crate::error::Result;
-use crate::format::{Addr, AddrMap, BlockRef, SegmentId};
+use crate::format::{Addr, BlockRef, SegmentId};
+use crate::sync::lock;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -74,175 +75,115 @@ pub struct BlockRefs {
     pub versions: Vec<String>,
 }
 
-/// One live block as the index knows it.
-#[derive(Clone, Debug)]
-pub(crate) struct BlockInfo {
-    pub len: u32,
-    pub kind: BlockKind,
-    pub key: Vec<u8>,
-}
-
-/// Parent edges of every written block reachable from the versions.
-#[derive(Default)]
-pub(crate) struct Index {
-    /// Child → the written nodes pointing at it.
-    pub parents: AddrMap<Addr, Vec<Addr>>,
-    /// Every reachable written block.
-    pub blocks: BTreeMap<Addr, BlockInfo>,
-    /// Root address → the versions whose root it is.
-    pub roots: AddrMap<Addr, Vec<String>>,
-}
-
-impl Index {
-    /// The live blocks of `segment`, each with its parents and versions.
-    pub(crate) fn segment(&self, segment: SegmentId) -> Vec<BlockRefs> {
-        let lo = Addr::new(segment, 0);
-        let hi = Addr::new(SegmentId(segment.0.saturating_add(1)), 0);
-        let mut memo: AddrMap<Addr, BTreeSet<String>> = AddrMap::default();
-        let range = if segment.0 == u32::MAX {
-            self.blocks.range(lo..)
-        } else {
-            self.blocks.range(lo..hi)
-        };
-        range
-            .map(|(&addr, info)| {
-                let mut parents: Vec<BlockAddress> = self
-                    .parents
-                    .get(&addr)
-                    .map(|p| p.iter().map(|&a| a.into()).collect())
-                    .unwrap_or_default();
-                parents.sort();
-                parents.dedup();
-                BlockRefs {
-                    segment: addr.segment().0,
-                    offset: addr.offset(),
-                    len: info.len,
-                    kind: info.kind,
-                    key: info.key.clone(),
-                    parents,
-                    versions: self.versions_of(addr, &mut memo).into_iter().collect(),
-                }
-            })
-            .collect()
-    }
-
-    /// The versions reaching `addr`: its own if it is a root, plus those of every
-    /// parent, recursively (memoised, so shared subtrees are expanded once).
-    fn versions_of(
-        &self,
-        addr: Addr,
-        memo: &mut AddrMap<Addr, BTreeSet<String>>,
-    ) -> BTreeSet<String> {
-        if let Some(v) = memo.get(&addr) {
-            return v.clone();
-        }
-        // Parents sit at higher levels, so the recursion ends; an explicit stack
-        // keeps a deep chain from using the thread's stack.
-        let mut order = vec![addr];
-        let mut stack = vec![addr];
-        let mut seen = BTreeSet::from([addr]);
-        while let Some(a) = stack.pop() {
-            for &p in self.parents.get(&a).into_iter().flatten() {
-                if !memo.contains_key(&p) && seen.insert(p) {
-                    order.push(p);
-                    stack.push(p);
-                }
-            }
-        }
-        // Resolve from the top down: sort by level is not known here, so iterate
-        // until every address in `order` is resolved (each pass resolves at least
-        // the ones whose parents are all resolved; the parent graph is acyclic).
-        let mut pending = order;
-        while !pending.is_empty() {
-            let before = pending.len();
-            pending.retain(|&a| {
-                let parents = self.parents.get(&a).map(Vec::as_slice).unwrap_or(&[]);
-                if parents.iter().any(|p| !memo.contains_key(p)) {
-                    return true;
-                }
-                let mut set: BTreeSet<String> =
-                    self.roots.get(&a).into_iter().flatten().cloned().collect();
-                for p in parents {
-                    if let Some(v) = memo.get(p) {
-                        set.extend(v.iter().cloned());
-                    }
-                }
-                memo.insert(a, set);
-                false
-            });
-            if pending.len() == before {
-                break; // a cycle: only damaged pointers could make one
-            }
-        }
-        memo.get(&addr).cloned().unwrap_or_default()
-    }
-}
-
-/// Builds the index from a walk of every version of the published view.
-pub(crate) fn walk_index(shared: &Shared) -> Result<Index> {
-    let view = shared.published();
-    let mut builder = Builder {
-        index: Index::default(),
-        stack: Vec::new(),
-        visited: BTreeSet::new(),
+/// The live blocks of `segment` and who references them. The back references give
+/// each block's parents and, upwards from them, every node on a path from a root to
+/// the segment (the closure); each version is then walked only through that closure,
+/// which names the versions reaching each block, its kind and its key. The cost
+/// follows the answer, not the store. (The walk sees the writer's current trees;
+/// back references name written parents, so blocks reachable only through nodes not
+/// yet checkpointed are listed without parents.)
+pub(crate) fn segment_refs(shared: &Shared, segment: SegmentId) -> Result<Vec<BlockRefs>> {
+    let lo = Addr::new(segment, 0);
+    let hi = Addr::new(SegmentId(segment.0.saturating_add(1)), 0);
+    let in_segment = |a: Addr| a.segment() == segment;
+    let (catalog, ws) = {
+        let w = shared.lock_writer();
+        (w.catalog.clone(), w.backrefs.clone())
     };
-    for v in view.versions.iter() {
-        let Some(root) = &v.root else { continue };
-        if let Some(r) = root.disk_ref() {
-            builder
-                .index
-                .roots
-                .entry(r.addr)
-                .or_default()
-                .push(v.name.to_string());
-        }
-        walk(&mut shared.loader(), root, &mut builder)?;
-    }
-    Ok(builder.index)
-}
-
-struct Builder {
-    index: Index,
-    /// The written nodes on the path from the root (`None` for an unwritten one).
-    stack: Vec<Option<Addr>>,
-    visited: BTreeSet<Addr>,
-}
-
-impl Builder {
-    fn note(&mut self, r: BlockRef, kind: BlockKind, key: &[u8]) {
-        if let Some(Some(parent)) = self.stack.last() {
-            self.index.parents.entry(r.addr).or_default().push(*parent);
-        }
-        self.index
-            .blocks
-            .entry(r.addr)
-            .or_insert_with(|| BlockInfo {
-                len: r.len,
-                kind,
-                key: key.to_vec(),
-            });
-    }
-}
-
-impl Visitor for Builder {
-    fn enter(&mut self, at: &At<'_>) -> Result<bool> {
-        let Some(r) = at.child.disk_ref() else {
-            return Ok(true);
+    let mut parents: BTreeMap<Addr, BTreeSet<Addr>> = BTreeMap::new();
+    let mut closure: BTreeSet<Addr> = BTreeSet::new();
+    {
+        let store = lock(&shared.backrefs);
+        let mut todo: Vec<Addr> = Vec::new();
+        let edges = if segment.0 == u32::MAX {
+            store.edges(lo..Addr(u64::MAX), &ws)
+        } else {
+            store.edges(lo..hi, &ws)
         };
-        if self.visited.contains(&r.addr) {
-            // A shared subtree seen before: only this new edge is recorded.
-            if let Some(Some(parent)) = self.stack.last() {
-                self.index.parents.entry(r.addr).or_default().push(*parent);
-            }
-            return Ok(false);
+        for e in edges {
+            parents.entry(e.child).or_default().insert(e.parent);
+            closure.insert(e.child);
+            todo.push(e.parent);
         }
-        Ok(true)
+        while let Some(a) = todo.pop() {
+            if closure.insert(a) {
+                todo.extend(store.parents(a, &ws));
+            }
+        }
+    }
+    let mut finder = Finder {
+        closure: &closure,
+        in_segment: &in_segment,
+        version: String::new(),
+        seen: BTreeSet::new(),
+        found: BTreeMap::new(),
+    };
+    for v in &catalog.versions {
+        let Some(root) = &v.root else { continue };
+        // A root in the segment has no parent edge: it joins the closure here.
+        let root_here = root.disk_ref().is_some_and(|r| in_segment(r.addr));
+        if !root_here && !root.disk_ref().is_some_and(|r| closure.contains(&r.addr)) {
+            continue;
+        }
+        finder.version = v.name.to_string();
+        finder.seen.clear();
+        walk(&mut shared.loader(), root, &mut finder)?;
+    }
+    Ok(finder
+        .found
+        .into_iter()
+        .map(|(addr, (len, kind, key, versions))| BlockRefs {
+            segment: addr.segment().0,
+            offset: addr.offset(),
+            len,
+            kind,
+            key,
+            parents: parents
+                .get(&addr)
+                .map(|p| p.iter().map(|&a| a.into()).collect())
+                .unwrap_or_default(),
+            versions: versions.into_iter().collect(),
+        })
+        .collect())
+}
+
+/// A found block: length, kind, key and the versions reaching it.
+type Found = (u32, BlockKind, Vec<u8>, BTreeSet<String>);
+
+/// Walks one version through the closure, noting the blocks of the segment it meets.
+struct Finder<'a> {
+    closure: &'a BTreeSet<Addr>,
+    in_segment: &'a dyn Fn(Addr) -> bool,
+    version: String,
+    /// Nodes this version's walk has entered (a version is a tree: each once).
+    seen: BTreeSet<Addr>,
+    found: BTreeMap<Addr, Found>,
+}
+
+impl Finder<'_> {
+    fn note(&mut self, r: BlockRef, kind: BlockKind, key: &[u8]) {
+        let entry = self
+            .found
+            .entry(r.addr)
+            .or_insert_with(|| (r.len, kind, key.to_vec(), BTreeSet::new()));
+        entry.3.insert(self.version.clone());
+    }
+}
+
+impl Visitor for Finder<'_> {
+    fn enter(&mut self, at: &At<'_>) -> Result<bool> {
+        Ok(match at.child.disk_ref() {
+            Some(r) => {
+                (at.depth == 0 || self.closure.contains(&r.addr)) && self.seen.insert(r.addr)
+            }
+            // An unwritten node: the paths below it are unknown to the back
+            // references, so it is walked.
+            None => true,
+        })
     }
 
     fn visit(&mut self, at: &At<'_>, node: &Arc<Node>) -> Result<bool> {
-        let r = at.child.disk_ref();
-        if let Some(r) = r {
-            self.visited.insert(r.addr);
+        if let Some(r) = at.child.disk_ref().filter(|r| (self.in_segment)(r.addr)) {
             let kind = if node.level == 0 {
                 BlockKind::Leaf
             } else {
@@ -251,27 +192,15 @@ impl Visitor for Builder {
             let key = at.lo.or(node.first_key()).unwrap_or_default().to_vec();
             self.note(r, kind, &key);
         }
-        if let (Some(r), Body::Leaf(entries)) = (r, &node.body) {
+        if let Body::Leaf(entries) = &node.body {
             for e in entries {
                 if let Value::Extent(x) = e.value {
-                    self.index.parents.entry(x.addr).or_default().push(r.addr);
-                    self.index
-                        .blocks
-                        .entry(x.addr)
-                        .or_insert_with(|| BlockInfo {
-                            len: x.len,
-                            kind: BlockKind::Value,
-                            key: e.key.to_vec(),
-                        });
+                    if (self.in_segment)(x.addr) {
+                        self.note(x, BlockKind::Value, &e.key);
+                    }
                 }
             }
         }
-        self.stack.push(r.map(|r| r.addr));
         Ok(true)
-    }
-
-    fn leave(&mut self, _at: &At<'_>, _node: &Arc<Node>) -> Result<()> {
-        self.stack.pop();
-        Ok(())
     }
 }

@@ -294,7 +294,7 @@ impl Store {
     /// the parent nodes that point at it, the key it sits under and the versions that
     /// reach it, in address order. A segment that does not exist has none.
     pub fn backrefs(&self, segment: u32) -> Result<Vec<BlockRefs>> {
-        Ok(refs::walk_index(&self.shared)?.segment(crate::format::SegmentId(segment)))
+        refs::segment_refs(&self.shared, crate::format::SegmentId(segment))
     }
 
     /// Sizes, counts and cache figures.

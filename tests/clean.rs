@@ -5,7 +5,7 @@
 
 mod common;
 
-use cambium::{Store, VersionInfo};
+use cambium::{BlockKind, Store, VersionInfo};
 use common::*;
 use std::collections::BTreeMap;
 
@@ -130,6 +130,39 @@ fn clean_and_defrag_keep_every_version_and_its_sharing() {
     }
     let report = store.verify().unwrap();
     assert!(report.is_clean(), "{report:?}");
+    check_backrefs(&store, &models);
+}
+
+/// `backrefs` over every segment lists every live block exactly once (their bytes
+/// add up to the live bytes), each reached by some version, with parents unless it
+/// is a version's root; a block's versions are those whose tree holds it.
+fn check_backrefs(store: &Store, models: &BTreeMap<String, Model>) {
+    store.checkpoint().unwrap();
+    let stats = store.stats().unwrap();
+    let mut total = 0;
+    let mut blocks = 0;
+    for segment in 0..64 {
+        for b in store.backrefs(segment).unwrap() {
+            blocks += 1;
+            total += u64::from(b.len);
+            assert!(!b.versions.is_empty(), "{b:?}");
+            for v in &b.versions {
+                assert!(models.contains_key(v), "{b:?}");
+            }
+            if b.kind == BlockKind::Value {
+                // The value's key is in every version listed, with a value that long.
+                for v in &b.versions {
+                    let value = models[v].get(&b.key).unwrap_or_else(|| panic!("{b:?}"));
+                    assert!(value.len() <= b.len as usize, "{b:?}");
+                }
+            }
+        }
+    }
+    assert!(blocks > 0);
+    assert_eq!(
+        total, stats.live_bytes,
+        "the listed blocks are exactly the live ones"
+    );
 }
 
 /// The soak: rounds of "snapshot, rewrite the working set, drop the snapshot",
