@@ -278,8 +278,18 @@ fn write(shared: &Shared, durable: &mut Durable, mut frozen: Frozen) -> Result<u
     } = plan_meta(shared, durable, &mut frozen, &written, generation)?;
     // The back references of this generation: one run, durable before the superblock.
     let previous_manifest = durable.meta.backref_manifest.clone();
-    let manifest =
-        lock(&shared.backrefs).persist(std::mem::take(&mut frozen.backrefs), generation)?;
+    let manifest = {
+        let mut store = lock(&shared.backrefs);
+        let persisted = store.persist(std::mem::take(&mut frozen.backrefs), generation)?;
+        if shared
+            .compact_backrefs
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            store.compact(generation)?
+        } else {
+            persisted
+        }
+    };
     delta.backref_manifest = (manifest != previous_manifest).then(|| manifest.clone());
     // A chain that keeps an otherwise empty segment alive is rewritten as a base, so
     // the segment can go.

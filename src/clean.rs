@@ -230,7 +230,15 @@ pub(crate) fn defrag(shared: &Shared, version: Option<&str>) -> Result<CleanRepo
 /// emptied segments: the footprint drops to about the live data (plus the WAL and the
 /// metadata of the last checkpoints).
 pub(crate) fn shrink(shared: &Shared, progress: &mut dyn FnMut(u64, u64)) -> Result<CleanReport> {
-    clean(shared, 0.0, progress)
+    let mut report = clean(shared, 0.0, progress)?;
+    // The back references shrink too: every run merged into one, the records of
+    // freed blocks and deleted segments purged.
+    shared
+        .compact_backrefs
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    settle_deletions(shared)?;
+    report.footprint_after = footprint(shared)?;
+    Ok(report)
 }
 
 /// Collects the addresses of every node a walk reaches.

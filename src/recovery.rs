@@ -141,6 +141,7 @@ pub(crate) fn open(
         vfs,
         segments,
         backrefs: Mutex::new(backrefs),
+        compact_backrefs: AtomicBool::new(false),
         cache,
         wal,
         writer: Mutex::new(writer),

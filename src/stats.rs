@@ -72,6 +72,12 @@ pub struct Stats {
     /// Bytes of metadata the last checkpoint of this process wrote (one blob: a delta
     /// of what changed, or now and then a new base); 0 before the first.
     pub meta_bytes_last_checkpoint: u64,
+    /// Back-reference records on disk (`From` and `To`, in every run).
+    pub backref_records: u64,
+    /// Back-reference runs (one per checkpoint until compaction merges them).
+    pub backref_runs: u64,
+    /// Bytes of the back-reference run files.
+    pub backref_bytes: u64,
 }
 
 pub(crate) fn collect(shared: &Shared) -> Result<Stats> {
@@ -113,6 +119,12 @@ pub(crate) fn collect(shared: &Shared) -> Result<Stats> {
     s.wal_files = wal::generations(&*shared.vfs, 0)?.len() as u64;
     s.wal_bytes = shared.wal.bytes_since_checkpoint();
     s.footprint_bytes = crate::clean::footprint(shared)?;
+    {
+        let b = lock(&shared.backrefs);
+        s.backref_records = b.record_count();
+        s.backref_runs = b.run_count() as u64;
+        s.backref_bytes = b.bytes_on_disk();
+    }
     s.cache_capacity_bytes = shared.cache.capacity();
     s.cache_bytes = shared.cache.bytes();
     s.cache_hits = shared.cache.hits();

@@ -75,6 +75,15 @@ fn shrink_brings_the_footprint_down_to_the_live_data() {
     assert_eq!(after.live_bytes, before.live_bytes);
     assert_eq!(report.footprint_after, after.footprint_bytes);
     assert!(
+        after.backref_runs <= 1 && after.backref_records > 0,
+        "shrink compacts the back references into one run: {after:?}"
+    );
+    // Compaction purged every record of a freed block: one `From` per live pointer.
+    assert!(
+        after.backref_records < before.backref_records,
+        "{before:?} {after:?}"
+    );
+    assert!(
         report.footprint_after < report.footprint_before,
         "{report:?}"
     );

@@ -60,12 +60,6 @@
 //! (structural inheritance for free), and a dropped version's nodes stay parents until
 //! their space is freed (zombies for free).
 
-#![allow(
-    dead_code,
-    unused_imports,
-    reason = "the engine adopts the back-reference store in a later change; until then its tests are its only user"
-)]
-
 mod bloom;
 mod manifest;
 mod record;
@@ -77,5 +71,7 @@ mod write_store;
 mod tests;
 
 pub(crate) use record::Edge;
-pub(crate) use store::{BackrefStore, MAX_RUNS};
+pub(crate) use store::BackrefStore;
+#[cfg(test)]
+pub(crate) use store::MAX_RUNS;
 pub(crate) use write_store::WriteStore;

@@ -52,7 +52,15 @@ pub(crate) fn parse_file_name(name: &str) -> Option<u64> {
 #[derive(Debug)]
 pub(crate) struct Run {
     pub meta: RunMeta,
+    #[expect(
+        dead_code,
+        reason = "decoded from the header, for inspection; queries do not need it"
+    )]
     pub gen: u64,
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "decoded from the header; the tests read it")
+    )]
     pub combined: bool,
     /// Strictly increasing by key; never empty.
     records: Vec<Record>,
@@ -208,6 +216,7 @@ impl Run {
         self.range(&(child.0..=child.0))
     }
 
+    #[cfg(test)]
     pub(crate) fn bloom(&self) -> &Bloom {
         &self.bloom
     }

@@ -90,7 +90,7 @@ impl BackrefStore {
     /// purging records the deletion vector kills) and returns the new manifest. The
     /// runs it replaces stay on disk until `collect_garbage` no longer has to keep them.
     pub(crate) fn compact(&mut self, gen: u64) -> Result<Vec<u8>> {
-        self.checkpoint(&WriteStore::new(), gen, true)
+        self.checkpoint(&WriteStore::default(), gen, true)
     }
 
     fn checkpoint(&mut self, frozen: &WriteStore, gen: u64, force: bool) -> Result<Vec<u8>> {
@@ -160,6 +160,7 @@ impl BackrefStore {
     }
 
     /// The deletion vector, in order.
+    #[cfg(test)]
     pub(crate) fn deleted_segments(&self) -> impl Iterator<Item = SegmentId> + '_ {
         self.deleted.iter().copied()
     }

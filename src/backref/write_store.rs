@@ -30,6 +30,7 @@ pub(crate) struct WriteStore {
 }
 
 impl WriteStore {
+    #[cfg(test)]
     pub(crate) fn new() -> WriteStore {
         WriteStore::default()
     }
@@ -85,11 +86,7 @@ impl WriteStore {
         }
     }
 
-    /// The number of pending records.
-    pub(crate) fn len(&self) -> usize {
-        self.entries.len()
-    }
-
+    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

@@ -154,6 +154,8 @@ pub(crate) struct Shared {
     /// The back references as of the durable checkpoint (the writer's `backrefs`
     /// holds what happened since). Taken after `durable` when both are needed.
     pub backrefs: Mutex<BackrefStore>,
+    /// The next checkpoint merges every back-reference run into one (`shrink`).
+    pub compact_backrefs: AtomicBool,
     pub cache: PageCache,
     pub wal: Wal,
     pub writer: Mutex<WriterState>,
