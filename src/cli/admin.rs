@@ -50,6 +50,8 @@ fn stats_text(dir: &Path, s: &Stats) -> String {
          extents (main)     {extents}, {extent_bytes}\n\
          segments           {segments}, {segment_bytes} (live {live}, dead {dead})\n\
          wal                {wal_files}, {wal_bytes} not yet checkpointed\n\
+         footprint          {footprint} on disk (segments, WAL, reserve, back references)\n\
+         back references    {backref_records}, {backref_runs}, {backref_bytes}\n\
          cache              {cache_bytes} of {cache_cap}, hit rate {rate:.1}% ({hits}, {misses})\n",
         dir = dir.display(),
         fv = s.format_version,
@@ -70,6 +72,10 @@ fn stats_text(dir: &Path, s: &Stats) -> String {
         dead = human_bytes(s.dead_bytes),
         wal_files = plural(s.wal_files, "file", "files"),
         wal_bytes = human_bytes(s.wal_bytes),
+        footprint = human_bytes(s.footprint_bytes),
+        backref_records = plural(s.backref_records, "record", "records"),
+        backref_runs = plural(s.backref_runs, "run", "runs"),
+        backref_bytes = human_bytes(s.backref_bytes),
         cache_bytes = human_bytes(s.cache_bytes),
         cache_cap = human_bytes(s.cache_capacity_bytes),
         rate = s.cache_hit_rate * 100.0,
