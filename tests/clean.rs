@@ -207,3 +207,59 @@ fn footprint_stays_bounded_over_many_rounds() {
     );
     assert!(store.verify().unwrap().is_clean());
 }
+
+/// The cleaner online: while `clean`, `defrag` and `shrink` run again and again, a
+/// writer keeps committing to `main` and a reader keeps reading a snapshot in full.
+/// The reader always sees exactly the snapshot; every commit the writer made is there
+/// at the end; `verify` is clean.
+#[test]
+fn cleaning_runs_beside_readers_and_writers() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::create(dir.path().join("db")).unwrap();
+    let frozen = fill(&store, 4_000, 0);
+    store.snapshot("main", "frozen").unwrap();
+    fill(&store, 4_000, 1);
+    store.checkpoint().unwrap();
+    let stop = AtomicBool::new(false);
+    let written = std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            let mut model = Model::new();
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let key = format!("w{:06}", i % 3_000).into_bytes();
+                let value = format!("v{i}-{}", "y".repeat((i % 5) as usize * 700)).into_bytes();
+                store.put(&key, &value).unwrap();
+                model.insert(key, value);
+                i += 1;
+            }
+            model
+        });
+        let reader = scope.spawn(|| {
+            let mut reads = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let got = dump(&store.read_at("frozen").unwrap()).unwrap();
+                assert!(diff(&got, &frozen).is_none(), "{:?}", diff(&got, &frozen));
+                reads += 1;
+            }
+            reads
+        });
+        for round in 0..6 {
+            match round % 3 {
+                0 => drop(store.clean(0.0).unwrap()),
+                1 => drop(store.defrag(None).unwrap()),
+                _ => drop(store.shrink().unwrap()),
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        assert!(reader.join().unwrap() > 0);
+        writer.join().unwrap()
+    });
+    let main = dump(&store.read().unwrap()).unwrap();
+    for (k, v) in &written {
+        assert_eq!(main.get(k), Some(v), "{}", String::from_utf8_lossy(k));
+    }
+    check(&store, "frozen", &frozen);
+    let report = store.verify().unwrap();
+    assert!(report.is_clean(), "{report:?}");
+}

@@ -120,6 +120,25 @@ fn clean_shrink_defrag_and_backrefs_report_and_keep_the_data() {
         text.starts_with(&format!("segment {}:", segments[0])),
         "{text}"
     );
+    // --at keeps the blocks one version reaches: each line names it.
+    for seg in &segments {
+        let at = ok(run(&[
+            "backrefs",
+            d,
+            "--segment",
+            &seg.to_string(),
+            "--at",
+            "s1",
+        ]));
+        for line in at.lines().skip(1) {
+            assert!(line.contains("versions") && line.contains("s1"), "{line}");
+        }
+    }
+    fails(
+        run(&["backrefs", d, "--segment", "1", "--at", "nope"]),
+        1,
+        &["nope"],
+    );
 }
 
 #[test]

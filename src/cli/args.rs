@@ -204,6 +204,9 @@ pub enum Command {
         /// (seg-0000000a.dat is 10 or 0xa).
         #[arg(long, value_name = "N", value_parser = parse_segment)]
         segment: u32,
+        /// Only the blocks this version reaches (branch or snapshot).
+        #[arg(long, value_name = "VERSION")]
+        at: Option<String>,
     },
     /// A guided tour: create a store in a temporary directory, load data, read it
     /// back, show stats, make and compare versions, verify it, and explain each step.

@@ -107,7 +107,9 @@ fn dispatch(cli: Cli) -> CliResult {
         } => space::clean(&ctx, &mut out, dir, *until_dead_below),
         Command::Defrag { dir, version } => space::defrag(&ctx, &mut out, dir, version.as_deref()),
         Command::Shrink { dir } => space::shrink(&ctx, &mut out, dir),
-        Command::Backrefs { dir, segment } => space::backrefs(&ctx, &mut out, dir, *segment),
+        Command::Backrefs { dir, segment, at } => {
+            space::backrefs(&ctx, &mut out, dir, *segment, at.as_deref())
+        }
         Command::Tour { keys, keep } => tour::tour(&ctx, &mut out, *keys, *keep),
     };
     // Whatever was printed before a failure still goes out.

@@ -76,10 +76,22 @@ fn print_report(ctx: &Ctx, out: &mut impl Write, r: &CleanReport) -> CliResult {
     .map_err(output_error)
 }
 
-/// `cambium backrefs DIR --segment N`
-pub fn backrefs(ctx: &Ctx, out: &mut impl Write, dir: &Path, segment: u32) -> CliResult {
+/// `cambium backrefs DIR --segment N [--at VERSION]`
+pub fn backrefs(
+    ctx: &Ctx,
+    out: &mut impl Write,
+    dir: &Path,
+    segment: u32,
+    at: Option<&str>,
+) -> CliResult {
+    check_at(at)?;
     let store = open_read_only(dir)?;
-    let blocks = store.backrefs(segment)?;
+    let mut blocks = store.backrefs(segment)?;
+    if let Some(version) = at {
+        // An unknown version is "not found" (exit 1), as for reads.
+        store.read_at(version)?;
+        blocks.retain(|b| b.versions.iter().any(|v| v == version));
+    }
     if ctx.json {
         return print_json(out, &JsonBlocks::new(ctx, segment, &blocks));
     }
