@@ -408,10 +408,10 @@ fn regenerate_image() {
             // recovery stops at either.
             let end = wal_records(&bytes, gen).last().map_or(0, |r| r.end);
             bytes[..end].to_vec()
-        } else if name == "superblock" || name.starts_with("seg-") {
+        } else if name == "superblock" || name.starts_with("seg-") || name.starts_with("backref-") {
             bytes
         } else {
-            continue; // LOCK, wal-spare.log
+            continue; // LOCK, wal-spare.log, reserve
         };
         std::fs::write(image.join(&name), bytes).unwrap();
     }
