@@ -177,7 +177,7 @@ fn kill9_during_clean_shrink_and_defrag_loses_nothing() {
     let d = t.d();
     let mut rng = Rng::new(0x5eed);
     let mut round = 10;
-    for step in 0..12 {
+    for step in 0..18 {
         // Make dead space, then kill a space command somewhere in its run.
         ok(run(&["snapshot", d, "main", "tmp"]));
         round += 1;
@@ -193,7 +193,7 @@ fn kill9_during_clean_shrink_and_defrag_loses_nothing() {
             1 => &["clean", d, "--until-dead-below", "0"],
             _ => &["defrag", d],
         };
-        kill_after(command, Duration::from_millis(rng.range(0, 80)));
+        kill_after(command, Duration::from_millis(rng.range(0, 30)));
         let verify = ok(run(&["verify", d]));
         assert!(
             verify.ends_with("clean\n"),

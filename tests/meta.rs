@@ -349,6 +349,11 @@ fn damaged_chain_blob_is_reported() {
             .unwrap();
     }
     txn.commit().unwrap();
+    // A catalog big enough that one small change is a delta, not a new base (the
+    // delta also carries the back-reference manifest).
+    for i in 0..20 {
+        store.snapshot("main", &format!("snap-{i}")).unwrap();
+    }
     store.checkpoint().unwrap();
     store.put(b"key-000", b"small change").unwrap();
     store.checkpoint().unwrap();
