@@ -142,6 +142,7 @@ pub(crate) fn open(
         segments,
         backrefs: Mutex::new(backrefs),
         compact_backrefs: AtomicBool::new(false),
+        subtree_totals: Mutex::new(crate::format::AddrMap::default()),
         cache,
         wal,
         writer: Mutex::new(writer),

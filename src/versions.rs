@@ -42,7 +42,9 @@ use crate::commit::log_and_publish;
 use crate::engine::{self, Shared, View};
 use crate::error::{Error, Result};
 use crate::format::now_unix_ms;
+use crate::format::{Addr, AddrMap};
 use crate::options::Durability;
+use crate::sync::lock;
 use crate::wal::{Record, VersionOp};
 use serde::Serialize;
 use std::collections::HashMap;
@@ -252,11 +254,17 @@ pub(crate) fn list(shared: &Shared) -> Result<Vec<VersionInfo>> {
         (w.catalog.clone(), w.refs.clone())
     };
     let loader = shared.loader();
+    // Written subtrees never change (addresses are never reused), so their totals
+    // are kept from one call to the next: a call reads only what changed since.
+    let mut known = lock(&shared.subtree_totals);
+    if known.len() > MAX_KNOWN_SUBTREES {
+        known.clear();
+    }
     let mut memo = SubtreeMemo::new();
     let mut out = Vec::with_capacity(catalog.versions.len());
     for v in &catalog.versions {
         let (referenced_bytes, keys) = match &v.root {
-            Some(root) => referenced(loader, root, &mut memo)?,
+            Some(root) => referenced(loader, root, &mut memo, &mut known)?,
             None => (0, 0),
         };
         let exclusive_bytes = match &v.root {
@@ -300,6 +308,10 @@ pub(crate) fn diff(shared: &Arc<Shared>, a: &str, b: &str) -> Result<Diff> {
     })
 }
 
+/// Written branch subtrees whose totals are kept across `versions()` calls, at most
+/// (then the map starts again): about 40 bytes each.
+const MAX_KNOWN_SUBTREES: usize = 1 << 20;
+
 /// Subtree totals already computed during one `versions()` call, by node identity
 /// (address once written, else the in-memory node): versions share most of their
 /// subtrees, so the store is read once, not once per version.
@@ -325,9 +337,16 @@ fn node_bytes(child: &Child, node: &Node) -> u64 {
 /// Bytes of the nodes and extents reachable from `root`, and the keys in it: a
 /// post-order fold whose subtree totals are memoised across versions. Within one tree
 /// nothing is reachable twice (an extent belongs to one leaf of a version).
-fn referenced(loader: Loader<'_>, root: &Child, memo: &mut SubtreeMemo) -> Result<(u64, u64)> {
+fn referenced(
+    loader: Loader<'_>,
+    root: &Child,
+    memo: &mut SubtreeMemo,
+    known: &mut AddrMap<Addr, (u64, u64)>,
+) -> Result<(u64, u64)> {
     struct Referenced<'m> {
         memo: &'m mut SubtreeMemo,
+        /// Totals of written branch subtrees, kept across calls.
+        known: &'m mut AddrMap<Addr, (u64, u64)>,
         /// Totals of the subtrees being folded, innermost last; the first is the result.
         open: Vec<(u64, u64)>,
     }
@@ -341,7 +360,11 @@ fn referenced(loader: Loader<'_>, root: &Child, memo: &mut SubtreeMemo) -> Resul
     }
     impl Visitor for Referenced<'_> {
         fn enter(&mut self, at: &At<'_>) -> Result<bool> {
-            match self.memo.get(&identity(at.child)).copied() {
+            let known = at
+                .child
+                .disk_ref()
+                .and_then(|r| self.known.get(&r.addr).copied());
+            match known.or_else(|| self.memo.get(&identity(at.child)).copied()) {
                 Some(totals) => {
                     self.add(totals);
                     Ok(false)
@@ -362,15 +385,21 @@ fn referenced(loader: Loader<'_>, root: &Child, memo: &mut SubtreeMemo) -> Resul
             self.open.push(totals);
             Ok(true)
         }
-        fn leave(&mut self, at: &At<'_>, _node: &Arc<Node>) -> Result<()> {
+        fn leave(&mut self, at: &At<'_>, node: &Arc<Node>) -> Result<()> {
             let totals = self.open.pop().unwrap_or_default();
             self.memo.insert(identity(at.child), totals);
+            if let Some(r) = at.child.disk_ref().filter(|_| node.level > 0) {
+                // Branches only: a hit then saves reading every leaf below it, and
+                // the map stays a small fraction of the node count.
+                self.known.insert(r.addr, totals);
+            }
             self.add(totals);
             Ok(())
         }
     }
     let mut fold = Referenced {
         memo,
+        known,
         open: vec![(0, 0)],
     };
     walk(&mut { loader }, root, &mut fold)?;

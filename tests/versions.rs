@@ -136,8 +136,20 @@ impl Run {
     }
 
     fn reopen(&mut self, when: &str) -> Result<(), String> {
+        // The listing after a reopen (nothing remembered) equals the one before
+        // (subtree totals remembered from earlier calls), once the close's
+        // reclamation has run.
+        ctx(self.store().finish_drops(), "finish_drops")?;
+        ctx(self.store().checkpoint(), "checkpoint")?;
+        let before = ctx(self.store().versions(), "versions")?;
         ctx(self.store.take().expect("open").close(), "close")?;
         self.open("reopen")?;
+        let after = ctx(self.store().versions(), "versions")?;
+        if before != after {
+            return Err(format!(
+                "{when}: versions() {before:?} before the reopen, {after:?} after"
+            ));
+        }
         check_all(self.store(), &self.model, &self.parents, when)
     }
 

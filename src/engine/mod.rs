@@ -29,7 +29,7 @@ use crate::btree::refcount::RefCounts;
 use crate::btree::Loader;
 use crate::catalog::Catalog;
 use crate::error::{Error, Result};
-use crate::format::{BlockRef, Lsn};
+use crate::format::{Addr, AddrMap, BlockRef, Lsn};
 use crate::io::{VFile, Vfs};
 use crate::meta::{Chain, Meta};
 use crate::options::Options;
@@ -156,6 +156,9 @@ pub(crate) struct Shared {
     pub backrefs: Mutex<BackrefStore>,
     /// The next checkpoint merges every back-reference run into one (`shrink`).
     pub compact_backrefs: AtomicBool,
+    /// Referenced bytes and keys of written branch subtrees (`versions()`): a written
+    /// node never changes, so its totals hold as long as its address is in use.
+    pub subtree_totals: Mutex<AddrMap<Addr, (u64, u64)>>,
     pub cache: PageCache,
     pub wal: Wal,
     pub writer: Mutex<WriterState>,
