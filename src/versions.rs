@@ -472,7 +472,8 @@ mod tests {
         let refs = RefCounts::default();
         assert!(exclusive(loader, &refs, &root).unwrap_err().is_corruption());
         let mut memo = SubtreeMemo::new();
-        assert!(referenced(loader, &root, &mut memo)
+        let mut known = AddrMap::default();
+        assert!(referenced(loader, &root, &mut memo, &mut known)
             .unwrap_err()
             .is_corruption());
     }
