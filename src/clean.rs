@@ -16,10 +16,14 @@
 //! Protocol (under the writer lock, so no commit can interleave with a half-made
 //! relocation; readers go on):
 //! 1. finish the drop queue and checkpoint: every node is now written and its count is
-//!    in the table by address, so the only parents are written nodes and roots;
-//! 2. walk every version once, find the closure bottom-up, and build the copies
-//!    (dirty nodes; moved value extents are copied at once), moving reference counts
-//!    and freeing the old addresses in the interval's space delta;
+//!    in the table by address, so the only parents are written nodes and roots, and
+//!    the back references are exact;
+//! 2. find the closure upwards through the back references (`crate::backref`), walk
+//!    each version only through it, post-order, and build the copies (dirty nodes;
+//!    moved value extents are copied at once), moving reference counts, freeing the
+//!    old addresses in the interval's space delta and ending their back references;
+//!    before anything is applied, check that every moved block had as many pointers
+//!    rewritten as its count says (else rebuild the plan from a walk of every version);
 //! 3. commit by checkpoint, like a large transaction (the LSN advances with no WAL
 //!    record, so reader views taken before the move keep the victims alive until they
 //!    end): the copies are written, the victims' live bytes drop to zero, and they are
