@@ -96,6 +96,8 @@ pub(crate) fn open(
         last_lsn: sb.checkpoint_lsn,
         dirty_bytes: 0,
         backrefs: WriteStore::default(),
+        unshared: Vec::new(),
+        unshared_overflowed: false,
     };
     let loader = crate::btree::Loader {
         cache: &cache,

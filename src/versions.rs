@@ -249,26 +249,39 @@ pub(crate) fn finish_drops(shared: &Shared) -> Result<()> {
 
 /// Every version, in the order they were made, with its space accounting.
 pub(crate) fn list(shared: &Shared) -> Result<Vec<VersionInfo>> {
-    let (catalog, refs) = {
-        let w = shared.lock_writer();
-        (w.catalog.clone(), w.refs.clone())
+    let (catalog, refs, unshared, overflowed) = {
+        let mut w = shared.lock_writer();
+        (
+            w.catalog.clone(),
+            w.refs.clone(),
+            std::mem::take(&mut w.unshared),
+            std::mem::take(&mut w.unshared_overflowed),
+        )
     };
     let loader = shared.loader();
     // Written subtrees never change (addresses are never reused), so their totals
     // are kept from one call to the next: a call reads only what changed since.
     let mut known = lock(&shared.subtree_totals);
-    if known.len() > MAX_KNOWN_SUBTREES {
+    if known.len() > MAX_KNOWN_SUBTREES || overflowed {
         known.clear();
+    }
+    // Copies of these shared nodes gave their children another parent since the last
+    // call: below them, not every block has one parent any more. (No other count
+    // rises below a remembered subtree: see `WriterState::unshared`.)
+    for addr in unshared {
+        if let Some(t) = known.get_mut(&addr) {
+            t.single = false;
+        }
     }
     let mut memo = SubtreeMemo::new();
     let mut out = Vec::with_capacity(catalog.versions.len());
     for v in &catalog.versions {
         let (referenced_bytes, keys) = match &v.root {
-            Some(root) => referenced(loader, root, &mut memo, &mut known)?,
+            Some(root) => referenced(loader, &refs, root, &mut memo, &mut known)?,
             None => (0, 0),
         };
         let exclusive_bytes = match &v.root {
-            Some(root) => exclusive(loader, &refs, root)?,
+            Some(root) => exclusive(loader, &refs, root, &known)?,
             None => 0,
         };
         let parent = v
@@ -315,7 +328,7 @@ const MAX_KNOWN_SUBTREES: usize = 1 << 20;
 /// Subtree totals already computed during one `versions()` call, by node identity
 /// (address once written, else the in-memory node): versions share most of their
 /// subtrees, so the store is read once, not once per version.
-type SubtreeMemo = HashMap<u64, (u64, u64)>;
+type SubtreeMemo = HashMap<u64, Totals>;
 
 fn identity(child: &Child) -> u64 {
     match (child.disk_ref(), child) {
@@ -334,28 +347,37 @@ fn node_bytes(child: &Child, node: &Node) -> u64 {
         .map_or(node.size as u64, |r| u64::from(r.len))
 }
 
+use crate::engine::SubtreeTotals as Totals;
+
 /// Bytes of the nodes and extents reachable from `root`, and the keys in it: a
 /// post-order fold whose subtree totals are memoised across versions. Within one tree
 /// nothing is reachable twice (an extent belongs to one leaf of a version).
 fn referenced(
     loader: Loader<'_>,
+    refs: &RefCounts,
     root: &Child,
     memo: &mut SubtreeMemo,
-    known: &mut AddrMap<Addr, (u64, u64)>,
+    known: &mut AddrMap<Addr, Totals>,
 ) -> Result<(u64, u64)> {
     struct Referenced<'m> {
+        refs: &'m RefCounts,
         memo: &'m mut SubtreeMemo,
         /// Totals of written branch subtrees, kept across calls.
-        known: &'m mut AddrMap<Addr, (u64, u64)>,
+        known: &'m mut AddrMap<Addr, Totals>,
         /// Totals of the subtrees being folded, innermost last; the first is the result.
-        open: Vec<(u64, u64)>,
+        open: Vec<Totals>,
     }
     impl Referenced<'_> {
-        fn add(&mut self, (bytes, keys): (u64, u64)) {
+        fn add(&mut self, t: Totals) {
             if let Some(top) = self.open.last_mut() {
-                top.0 += bytes;
-                top.1 += keys;
+                top.bytes += t.bytes;
+                top.keys += t.keys;
+                top.single &= t.single;
             }
+        }
+
+        fn count(&self, t: &Target<'_>) -> u32 {
+            RcDelta::default().count(self.refs, t)
         }
     }
     impl Visitor for Referenced<'_> {
@@ -364,21 +386,37 @@ fn referenced(
                 .child
                 .disk_ref()
                 .and_then(|r| self.known.get(&r.addr).copied());
-            match known.or_else(|| self.memo.get(&identity(at.child)).copied()) {
-                Some(totals) => {
+            let found = known.or_else(|| self.memo.get(&identity(at.child)).copied());
+            // The parent's "single below" needs this child's own count too.
+            let single = self.count(&self.refs.target(at.child)) <= 1;
+            match found {
+                Some(mut totals) => {
+                    totals.single &= single;
                     self.add(totals);
                     Ok(false)
                 }
-                None => Ok(true),
+                None => {
+                    if !single {
+                        if let Some(top) = self.open.last_mut() {
+                            top.single = false;
+                        }
+                    }
+                    Ok(true)
+                }
             }
         }
         fn visit(&mut self, at: &At<'_>, node: &Arc<Node>) -> Result<bool> {
-            let mut totals = (node_bytes(at.child, node), 0);
+            let mut totals = Totals {
+                bytes: node_bytes(at.child, node),
+                keys: 0,
+                single: true,
+            };
             if let Body::Leaf(entries) = &node.body {
-                totals.1 = entries.len() as u64;
+                totals.keys = entries.len() as u64;
                 for e in entries {
                     if let Value::Extent(r) = e.value {
-                        totals.0 += u64::from(r.len);
+                        totals.bytes += u64::from(r.len);
+                        totals.single &= self.count(&Target::Block(r)) <= 1;
                     }
                 }
             }
@@ -393,25 +431,38 @@ fn referenced(
                 // the map stays a small fraction of the node count.
                 self.known.insert(r.addr, totals);
             }
+            // Whether this node itself is shared was folded in by `enter`.
             self.add(totals);
             Ok(())
         }
     }
     let mut fold = Referenced {
+        refs,
         memo,
         known,
-        open: vec![(0, 0)],
+        open: vec![Totals {
+            single: true,
+            ..Totals::default()
+        }],
     };
     walk(&mut { loader }, root, &mut fold)?;
-    Ok(fold.open.first().copied().unwrap_or_default())
+    let t = fold.open.first().copied().unwrap_or_default();
+    Ok((t.bytes, t.keys))
 }
 
 /// Bytes that dropping the version at `root` would free: Rodeh's drop walk, run on a
 /// scratch copy of the counts. A node is counted when its last parent goes; a node
-/// other parents keep is not read at all.
-fn exclusive(loader: Loader<'_>, refs: &RefCounts, root: &Child) -> Result<u64> {
+/// other parents keep is not read at all, and a written subtree known to hold only
+/// blocks with one parent is counted whole from its remembered totals, unread.
+fn exclusive(
+    loader: Loader<'_>,
+    refs: &RefCounts,
+    root: &Child,
+    known: &AddrMap<Addr, Totals>,
+) -> Result<u64> {
     struct Exclusive<'r> {
         refs: &'r RefCounts,
+        known: &'r AddrMap<Addr, Totals>,
         rc: RcDelta,
         bytes: u64,
     }
@@ -429,7 +480,23 @@ fn exclusive(loader: Loader<'_>, refs: &RefCounts, root: &Child) -> Result<u64> 
     impl Visitor for Exclusive<'_> {
         fn enter(&mut self, at: &At<'_>) -> Result<bool> {
             let t = self.refs.target(at.child);
-            Ok(self.release(&t))
+            if !self.release(&t) {
+                return Ok(false);
+            }
+            let whole = at
+                .child
+                .disk_ref()
+                .and_then(|r| self.known.get(&r.addr))
+                .filter(|totals| totals.single);
+            match whole {
+                Some(totals) => {
+                    // Freed, and everything below has this subtree as its only
+                    // parent: all of it goes.
+                    self.bytes += totals.bytes;
+                    Ok(false)
+                }
+                None => Ok(true),
+            }
         }
         fn visit(&mut self, at: &At<'_>, node: &Arc<Node>) -> Result<bool> {
             self.bytes += node_bytes(at.child, node);
@@ -447,6 +514,7 @@ fn exclusive(loader: Loader<'_>, refs: &RefCounts, root: &Child) -> Result<u64> 
     }
     let mut drop_walk = Exclusive {
         refs,
+        known,
         rc: RcDelta::default(),
         bytes: 0,
     };
@@ -470,10 +538,12 @@ mod tests {
             segments: &segments,
         };
         let refs = RefCounts::default();
-        assert!(exclusive(loader, &refs, &root).unwrap_err().is_corruption());
-        let mut memo = SubtreeMemo::new();
         let mut known = AddrMap::default();
-        assert!(referenced(loader, &root, &mut memo, &mut known)
+        assert!(exclusive(loader, &refs, &root, &known)
+            .unwrap_err()
+            .is_corruption());
+        let mut memo = SubtreeMemo::new();
+        assert!(referenced(loader, &refs, &root, &mut memo, &mut known)
             .unwrap_err()
             .is_corruption());
     }

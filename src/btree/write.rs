@@ -49,6 +49,9 @@ pub(crate) struct WriteCtx<'a> {
     /// Back references this transaction ends: a written node it frees no longer
     /// points at its children.
     pub backrefs: &'a mut WriteStore,
+    /// Written nodes this transaction copied while they were shared: their children
+    /// gained a parent.
+    pub unshared: &'a mut Vec<crate::format::Addr>,
 }
 
 impl WriteCtx<'_> {
@@ -191,6 +194,7 @@ pub(crate) fn shadow<'c>(slot: &'c mut Child, ctx: &mut WriteCtx<'_>) -> Result<
             let t = Target::Block(r);
             if ctx.count(&t) > 1 {
                 ctx.rc.add(&t, -1);
+                ctx.unshared.push(r.addr);
                 ctx.add_parent_to_children(&node);
             } else {
                 ctx.free_written(r, &node);
@@ -202,6 +206,9 @@ pub(crate) fn shadow<'c>(slot: &'c mut Child, ctx: &mut WriteCtx<'_>) -> Result<
             if ctx.count(&t) > 1 {
                 let arc = Arc::clone(arc);
                 ctx.rc.add(&Target::Mem(&arc), -1);
+                if let Some(r) = arc.disk.get() {
+                    ctx.unshared.push(r.addr);
+                }
                 ctx.add_parent_to_children(&arc);
                 Some(ctx.copy(&arc))
             } else if arc.disk.get().is_some() || arc.epoch != ctx.epoch {

@@ -38,6 +38,8 @@ pub(crate) struct Changes {
     dirtied_bytes: u64,
     /// Back references ended by the written nodes freed.
     backrefs: WriteStore,
+    /// Written nodes copied while shared (see `WriterState::unshared`).
+    unshared: Vec<crate::format::Addr>,
 }
 
 impl Changes {
@@ -58,6 +60,7 @@ impl Changes {
             refs: &w.refs,
             rc: &mut self.rc,
             backrefs: &mut self.backrefs,
+            unshared: &mut self.unshared,
         }
     }
 
@@ -68,6 +71,12 @@ impl Changes {
         w.superseded.extend(self.superseded);
         w.dirty_bytes += self.dirtied_bytes;
         w.backrefs.merge(self.backrefs);
+        if w.unshared.len() + self.unshared.len() <= super::UNSHARED_MAX {
+            w.unshared.extend(self.unshared);
+        } else {
+            // Too many to track: `versions()` forgets every remembered flag instead.
+            w.unshared_overflowed = true;
+        }
     }
 }
 

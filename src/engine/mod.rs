@@ -62,6 +62,27 @@ pub(crate) struct WriterState {
     /// Back references ended since the last freeze (the checkpoint adds the ones its
     /// writes begin, and persists them as one run).
     pub backrefs: WriteStore,
+    /// Written nodes copied while shared since `versions()` last looked: each copy gave
+    /// their children one more parent. This is the only way a count rises below a
+    /// written node (a clone raises only a root's own count), so it is all the
+    /// invalidation `Shared::subtree_totals`' "one parent below" flag needs.
+    pub unshared: Vec<Addr>,
+    /// `unshared` passed [`UNSHARED_MAX`] and was not extended: nothing remembered
+    /// about "one parent below" can be trusted.
+    pub unshared_overflowed: bool,
+}
+
+/// The most addresses `WriterState::unshared` holds between two `versions()` calls.
+pub(crate) const UNSHARED_MAX: usize = 1 << 20;
+
+/// What a written subtree holds (`versions()`' memo): bytes of nodes and extents,
+/// keys, and whether every block strictly below its top had a reference count of one
+/// (then dropping the top frees all of it).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SubtreeTotals {
+    pub bytes: u64,
+    pub keys: u64,
+    pub single: bool,
 }
 
 /// The durable state: what the newest superblock says. Guarded by the checkpoint lock.
@@ -158,7 +179,7 @@ pub(crate) struct Shared {
     pub compact_backrefs: AtomicBool,
     /// Referenced bytes and keys of written branch subtrees (`versions()`): a written
     /// node never changes, so its totals hold as long as its address is in use.
-    pub subtree_totals: Mutex<AddrMap<Addr, (u64, u64)>>,
+    pub subtree_totals: Mutex<AddrMap<Addr, SubtreeTotals>>,
     pub cache: PageCache,
     pub wal: Wal,
     pub writer: Mutex<WriterState>,
