@@ -50,7 +50,15 @@ use std::sync::Arc;
 
 /// Live bytes moved per relocation round at most: the copies are dirty nodes in
 /// memory until the round's checkpoint writes them.
-const ROUND_BYTES: u64 = 64 << 20;
+const ROUND_BYTES: u64 = 16 << 20;
+
+/// `shrink` (and automatic cleaning) moves the segment taking appends only when at least 1 / this of it is
+/// dead: it always holds the last checkpoints' metadata (dead once superseded), and
+/// rewriting all of it to save that little would make every shrink rewrite it.
+const SHRINK_ACTIVE_DEAD_RATIO: u64 = 64;
+
+/// `shrink` repeats the cleaner at most this many times (see there).
+const SHRINK_PASSES: usize = 3;
 
 /// Automatic cleaning starts only past this many dead bytes: below it, the space is
 /// not worth the moves.
@@ -58,7 +66,7 @@ const AUTO_CLEAN_MIN_DEAD: u64 = 16 << 20;
 
 /// Automatic cleaning moves at most this much per run, so that no single checkpoint
 /// or close pays for a whole store's worth of cleaning.
-const AUTO_CLEAN_MAX_MOVED: u64 = 2 * ROUND_BYTES;
+const AUTO_CLEAN_MAX_MOVED: u64 = 128 << 20;
 
 /// What one run of the cleaner, `defrag` or `shrink` did.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -104,7 +112,7 @@ pub(crate) fn clean(
     dead_below: f64,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<CleanReport> {
-    clean_at_most(shared, dead_below, u64::MAX, progress)
+    clean_at_most(shared, dead_below, u64::MAX, None, progress)
 }
 
 /// Cleans when [`crate::options::Options::auto_clean_dead_percent`] says it is due: dead bytes
@@ -126,6 +134,7 @@ pub(crate) fn auto_clean(shared: &Shared) -> Result<bool> {
         shared,
         percent / 200.0,
         AUTO_CLEAN_MAX_MOVED,
+        Some(SHRINK_ACTIVE_DEAD_RATIO),
         &mut |_, _| {},
     )?;
     Ok(true)
@@ -136,6 +145,7 @@ fn clean_at_most(
     shared: &Shared,
     dead_below: f64,
     max_moved: u64,
+    spare_active: Option<u64>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<CleanReport> {
     let mut report = CleanReport {
@@ -145,7 +155,7 @@ fn clean_at_most(
     let before = segment_files(shared)?;
     // Segments already empty go first: they need no move, only a durable checkpoint.
     settle_deletions(shared)?;
-    let victims = choose_victims(shared, dead_below)?;
+    let victims = choose_victims(shared, dead_below, spare_active)?;
     let total: u64 = victims.iter().map(|s| s.live).sum();
     let mut moved = 0;
     if let Some(active) = shared.segments.active() {
@@ -234,7 +244,30 @@ pub(crate) fn defrag(shared: &Shared, version: Option<&str>) -> Result<CleanRepo
 /// emptied segments: the footprint drops to about the live data (plus the WAL and the
 /// metadata of the last checkpoints).
 pub(crate) fn shrink(shared: &Shared, progress: &mut dyn FnMut(u64, u64)) -> Result<CleanReport> {
-    let mut report = clean(shared, 0.0, progress)?;
+    // Moving a block rewrites its parents, which may lie in the segment taking the
+    // copies and so leave dead bytes there: a few passes settle it (each pass moves
+    // only what the previous one left behind).
+    let mut report = CleanReport::default();
+    for pass in 0..SHRINK_PASSES {
+        let done = clean_at_most(
+            shared,
+            0.0,
+            u64::MAX,
+            Some(SHRINK_ACTIVE_DEAD_RATIO),
+            progress,
+        )?;
+        if pass == 0 {
+            report.footprint_before = done.footprint_before;
+        }
+        report.segments_cleaned += done.segments_cleaned;
+        report.segments_deleted += done.segments_deleted;
+        report.bytes_moved += done.bytes_moved;
+        report.bytes_freed += done.bytes_freed;
+        report.blocks_moved += done.blocks_moved;
+        if done.bytes_moved == 0 {
+            break;
+        }
+    }
     // The back references shrink too: every run merged into one, the records of
     // freed blocks and deleted segments purged.
     shared
@@ -289,15 +322,21 @@ fn rounds(victims: &[SegmentUse]) -> Vec<Vec<SegmentUse>> {
 /// part, `(1 - u) * age / (1 + u)`. Age is by segment id (ids only grow), so
 /// older, colder data is moved before data that may still die on its own. Segments
 /// are taken until the dead bytes left would be below `dead_below` of the total.
-fn choose_victims(shared: &Shared, dead_below: f64) -> Result<Vec<SegmentUse>> {
+fn choose_victims(
+    shared: &Shared,
+    dead_below: f64,
+    spare_active: Option<u64>,
+) -> Result<Vec<SegmentUse>> {
     let segments = segment_uses(shared)?;
     let newest = segments.iter().map(|s| s.id.0).max().unwrap_or(0);
     let total: u64 = segments.iter().map(|s| s.size).sum();
     let mut dead: u64 = segments.iter().map(SegmentUse::dead).sum();
+    let active = shared.segments.active();
     let mut candidates: Vec<(f64, SegmentUse)> = segments
         .into_iter()
         // Empty ones need no move, only a checkpoint.
         .filter(|s| s.live > 0 && s.dead() > 0)
+        .filter(|s| Some(s.id) != active || spare_active.is_none_or(|r| s.dead() * r >= s.size))
         .map(|s| {
             #[expect(clippy::cast_precision_loss, reason = "a ranking score")]
             let u = s.live as f64 / s.size.max(1) as f64;

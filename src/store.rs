@@ -247,7 +247,7 @@ impl Store {
     /// dead space (by cost-benefit: free space gained times age, over the cost of
     /// the move) until dead bytes are at most `dead_below_percent` of the segment
     /// bytes, then deletes the emptied segments. Every version keeps its data and its
-    /// sharing; readers go on meanwhile, writers wait for each round (at most 64 MiB
+    /// sharing; readers go on meanwhile, writers wait for each round (at most 16 MiB
     /// moved).
     pub fn clean(&self, dead_below_percent: f64) -> Result<CleanReport> {
         self.clean_with_progress(dead_below_percent, &mut |_, _| {})
