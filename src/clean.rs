@@ -207,10 +207,11 @@ pub(crate) fn defrag(shared: &Shared, version: Option<&str>) -> Result<CleanRepo
         }
     };
     for name in names {
-        // Which nodes to move: every node reachable from the version, as of a settled
-        // state. The relocation settles again under the writer lock, so a node written
-        // in between is simply not moved.
-        let nodes = {
+        // Which leaves to move: every leaf reachable from the version, in key order, as
+        // of a settled state. The relocation settles again under the writer lock, so
+        // a leaf rewritten in between is simply not moved. Branches move as the
+        // leaves' parents.
+        let leaves = {
             let mut w = shared.lock_writer_checked()?;
             settle(shared, &mut w)?;
             let Some(v) = w.catalog.by_name(&name) else {
@@ -219,21 +220,25 @@ pub(crate) fn defrag(shared: &Shared, version: Option<&str>) -> Result<CleanRepo
                 }
                 continue; // dropped meanwhile
             };
-            let mut nodes = NodeSet(HashSet::new());
+            let mut leaves = Leaves::default();
             if let Some(root) = v.root.clone() {
-                walk(&mut shared.loader(), &root, &mut nodes)?;
+                walk(&mut shared.loader(), &root, &mut leaves)?;
             }
-            nodes.0
+            leaves.in_order
         };
-        let done = relocate(
-            shared,
-            &Victims::Nodes {
-                nodes,
-                below: first_new,
-            },
-        )?;
-        report.blocks_moved += done.blocks;
-        report.bytes_moved += done.bytes;
+        // In rounds of about `ROUND_BYTES`, key range after key range: each round's
+        // checkpoint writes its copies in key order, after the previous round's.
+        for chunk in chunks_of_bytes(&leaves, ROUND_BYTES) {
+            let done = relocate(
+                shared,
+                &Victims::Nodes {
+                    nodes: chunk.iter().map(|r| r.addr).collect(),
+                    below: first_new,
+                },
+            )?;
+            report.blocks_moved += done.blocks;
+            report.bytes_moved += done.bytes;
+        }
     }
     settle_deletions(shared)?;
     finish_report(shared, &mut report, &before)?;
@@ -278,23 +283,41 @@ pub(crate) fn shrink(shared: &Shared, progress: &mut dyn FnMut(u64, u64)) -> Res
     Ok(report)
 }
 
-/// Collects the addresses of every node a walk reaches.
-struct NodeSet(HashSet<Addr>);
+/// Collects the written leaves a walk reaches, in key order.
+#[derive(Default)]
+struct Leaves {
+    /// Written leaves, in key order.
+    in_order: Vec<BlockRef>,
+}
 
-impl Visitor for NodeSet {
-    fn enter(&mut self, at: &At<'_>) -> Result<bool> {
-        Ok(at
-            .child
-            .disk_ref()
-            .is_none_or(|r| !self.0.contains(&r.addr)))
-    }
-
-    fn visit(&mut self, _at: &At<'_>, node: &Arc<Node>) -> Result<bool> {
-        if let Some(r) = node.disk.get() {
-            self.0.insert(r.addr);
+impl Visitor for Leaves {
+    fn visit(&mut self, at: &At<'_>, node: &Arc<Node>) -> Result<bool> {
+        if node.level == 0 {
+            if let Some(r) = at.child.disk_ref() {
+                self.in_order.push(r);
+            }
         }
         Ok(true)
     }
+}
+
+/// Consecutive runs of `blocks` of about `bytes` each (at least one block each).
+fn chunks_of_bytes(blocks: &[BlockRef], bytes: u64) -> Vec<&[BlockRef]> {
+    let mut chunks = Vec::new();
+    let mut start = 0;
+    let mut sum = 0;
+    for (i, r) in blocks.iter().enumerate() {
+        if sum > 0 && sum + u64::from(r.len) > bytes {
+            chunks.push(&blocks[start..i]);
+            start = i;
+            sum = 0;
+        }
+        sum += u64::from(r.len);
+    }
+    if start < blocks.len() {
+        chunks.push(&blocks[start..]);
+    }
+    chunks
 }
 
 /// Splits the victims into rounds of at most `ROUND_BYTES` live bytes (a segment with

@@ -263,3 +263,55 @@ fn cleaning_runs_beside_readers_and_writers() {
     let report = store.verify().unwrap();
     assert!(report.is_clean(), "{report:?}");
 }
+
+/// After `defrag`, a version's leaves lie in key order on disk: a scan reads forwards.
+#[test]
+fn defrag_lays_a_versions_leaves_out_in_key_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::create(dir.path().join("db")).unwrap();
+    fill(&store, 30_000, 0);
+    store.snapshot("main", "old").unwrap();
+    // Random rewrites scatter main's leaves over the segments, in write order.
+    let mut rng = Rng::new(3);
+    for _ in 0..20 {
+        let mut txn = store.begin_write().unwrap();
+        for _ in 0..300 {
+            let i = rng.below(30_000);
+            txn.put(format!("key{i:08}").as_bytes(), b"rewritten")
+                .unwrap();
+        }
+        txn.commit().unwrap();
+        store.checkpoint().unwrap();
+    }
+    let leaves = |store: &Store| {
+        let mut leaves: Vec<(Vec<u8>, (u32, u64))> = Vec::new();
+        for segment in 0..64 {
+            for b in store.backrefs(segment).unwrap() {
+                if b.kind == BlockKind::Leaf && b.versions.iter().any(|v| v == "main") {
+                    leaves.push((b.key, (b.segment, b.offset)));
+                }
+            }
+        }
+        leaves.sort();
+        leaves
+    };
+    let in_order = |l: &[(Vec<u8>, (u32, u64))]| l.windows(2).all(|w| w[0].1 < w[1].1);
+    assert!(
+        !in_order(&leaves(&store)),
+        "the rewrites scattered the leaves"
+    );
+    let before = listing(&store);
+    store.defrag(Some("main")).unwrap();
+    let after = leaves(&store);
+    assert!(after.len() > 100);
+    assert!(
+        in_order(&after),
+        "main's leaves are not in key order on disk"
+    );
+    assert_eq!(
+        listing(&store),
+        before,
+        "defrag changed the versions' space"
+    );
+    assert!(store.verify().unwrap().is_clean());
+}
