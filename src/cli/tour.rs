@@ -527,7 +527,22 @@ fn tour_versions(
     }
     say(format!(
         "   Dropped {TOUR_BRANCH:?} (`cambium drop DIR {TOUR_BRANCH}`) in {drop_ms:.2} ms: the nodes only \
-         it used are freed;\n   those it shared with {TOUR_SNAPSHOT:?} stay. The snapshot is kept.\n"
+         it used are freed;\n   those it shared with {TOUR_SNAPSHOT:?} stay. The snapshot is kept."
+    ))?;
+
+    // Space back: the overwrites and the drop left dead bytes in the segments.
+    let t = Instant::now();
+    let shrunk = store.shrink()?;
+    say(format!(
+        "   `cambium shrink DIR` moved {} of live blocks out of the segments holding dead \
+         ones (rewriting\n   every parent, in every version, found through the back \
+         references) and deleted them in {:.2} ms:\n   the store's files went from {} to {}. \
+         `clean` does the same for the worst segments only,\n   and runs on its own once \
+         half the segment bytes are dead.\n",
+        human_bytes(shrunk.bytes_moved),
+        ms(t),
+        human_bytes(shrunk.footprint_before),
+        human_bytes(shrunk.footprint_after),
     ))?;
 
     Ok(VersionsSummary {
