@@ -79,7 +79,7 @@ impl Store {
         recovery::create(&vfs, &dir.display().to_string())?;
         let store = Self::open_with(dir, opts)?;
         // Best effort: on a disk too full for it, a later close allocates it.
-        let _ = store.reserve.restore();
+        let _ = store.reserve.restore(crate::io::reserve_for(0));
         Ok(store)
     }
 
@@ -373,7 +373,11 @@ fn shutdown(shared: &Shared, reserve: &Reserve) -> Result<()> {
     }
     // Space freed by this session comes back as the reserve first. Best effort: a
     // disk still full leaves it for a later close.
-    let _ = reserve.restore();
+    let segment_bytes = shared
+        .segments
+        .sizes()
+        .map_or(0, |s| s.iter().map(|(_, n)| n).sum());
+    let _ = reserve.restore(crate::io::reserve_for(segment_bytes));
     Ok(())
 }
 

@@ -16,8 +16,8 @@ mod reserve;
 pub mod sim;
 mod std_vfs;
 
+pub use reserve::{reserve_for, RESERVE_BYTES, RESERVE_FILE, RESERVE_MIN_BYTES};
 pub(crate) use reserve::{Reserve, ReserveVfs};
-pub use reserve::{RESERVE_BYTES, RESERVE_FILE};
 
 pub use std_vfs::StdVfs;
 

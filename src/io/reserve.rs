@@ -4,7 +4,8 @@
 //! On a full disk every write fails, including the ones that `drop`, the cleaner and
 //! the checkpoint after them need (a WAL record, the metadata, moved blocks) in order
 //! to free anything. So a store keeps [`RESERVE_BYTES`] allocated in a file of its
-//! own. [`ReserveVfs`] wraps the store's file system: once a space-freeing command
+//! own, an eighth of its segment bytes between [`RESERVE_MIN_BYTES`] and
+//! [`RESERVE_BYTES`] (so a small store is not dwarfed by it). [`ReserveVfs`] wraps the store's file system: once a space-freeing command
 //! has called [`Reserve::allow`], a write that fails with `StorageFull` deletes the
 //! reserve file and is retried once. Ordinary writes never touch it, so a full disk
 //! still refuses a `put` but accepts the `drop` that makes room. When the store is
@@ -19,9 +20,17 @@ use std::sync::Arc;
 /// The reserve file's name in the store directory.
 pub const RESERVE_FILE: &str = "reserve";
 
-/// Bytes held back: room for a new WAL file, a checkpoint's metadata and nodes, and
-/// a cleaning round's first moves on a disk that is otherwise full.
+/// The most bytes held back: room for a new WAL file, a checkpoint's metadata and
+/// nodes, and a cleaning round's moves on a disk that is otherwise full.
 pub const RESERVE_BYTES: u64 = 16 << 20;
+
+/// The fewest bytes held back (a new store's reserve).
+pub const RESERVE_MIN_BYTES: u64 = 1 << 20;
+
+/// The reserve a store with `segment_bytes` of segments keeps.
+pub fn reserve_for(segment_bytes: u64) -> u64 {
+    (segment_bytes / 8).clamp(RESERVE_MIN_BYTES, RESERVE_BYTES)
+}
 
 /// The reserve's state, shared by the wrapper and the store.
 pub struct Reserve {
@@ -51,12 +60,13 @@ impl Reserve {
         }
     }
 
-    /// Allocates the reserve file again if it is missing and there is room, and
-    /// stops letting writes use it. Returns whether the reserve is in place. A full
-    /// disk is not an error: the partial file is removed and a later call retries.
-    pub fn restore(&self) -> io::Result<bool> {
+    /// Allocates the reserve file again, `bytes` long, if it is missing or shorter and
+    /// there is room, and stops letting writes use it. Returns whether the reserve is
+    /// in place. A full disk is not an error: the partial file is removed (an older,
+    /// shorter reserve is kept) and a later call retries.
+    pub fn restore(&self, bytes: u64) -> io::Result<bool> {
         self.allowed.store(false, Ordering::SeqCst);
-        if self.inner.exists(RESERVE_FILE)? {
+        if self.inner.exists(RESERVE_FILE)? && self.inner.open(RESERVE_FILE)?.len()? >= bytes {
             return Ok(true);
         }
         let tmp = format!("{RESERVE_FILE}.tmp");
@@ -68,9 +78,12 @@ impl Reserve {
             // Written, not just extended: a sparse file would hold nothing back.
             let chunk = vec![0u8; 1 << 20];
             let mut at = 0;
-            while at < RESERVE_BYTES {
-                file.write_all_at(&chunk, at)?;
-                at += chunk.len() as u64;
+            while at < bytes {
+                let n = chunk
+                    .len()
+                    .min(usize::try_from(bytes - at).unwrap_or(chunk.len()));
+                file.write_all_at(&chunk[..n], at)?;
+                at += n as u64;
             }
             file.sync()
         })();
