@@ -132,7 +132,7 @@ fn freeze(shared: &Shared, w: &mut WriterState, durable: &mut Durable) -> Result
             .get()
             .expect("the previous checkpoint wrote every frozen node");
         w.delta.free(r);
-        end_backrefs(&mut w.backrefs, r, &node);
+        end_backrefs(&mut w.backrefs, r);
     }
     let first_unsafe_segment = shared.segments.newest();
     let closed_gen = shared.wal.rotate(&shared.segments)?;

@@ -741,7 +741,7 @@ impl Mover<'_> {
         self.rc.add(&Target::Mem(&copy), others);
         self.rc.add(&Target::Block(old), -others);
         self.delta.free(old);
-        end_backrefs(&mut self.backrefs, old, node);
+        end_backrefs(&mut self.backrefs, old);
         self.dirtied += copy.size as u64;
         self.moved.blocks += 1;
         self.moved.bytes += u64::from(old.len);

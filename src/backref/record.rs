@@ -10,7 +10,14 @@ pub(crate) enum Kind {
     From = 1,
     /// The edge ended: `parent` was freed.
     To = 2,
+    /// `parent` was freed: every edge from it ended. One record per freed node
+    /// instead of a `To` per pointer; its child is [`GONE_CHILD`], so it sorts after
+    /// every edge and a range query over real addresses never meets it.
+    Gone = 3,
 }
+
+/// The child field of a [`Kind::Gone`] record (no block has this address).
+pub(crate) const GONE_CHILD: Addr = Addr(u64::MAX);
 
 impl Kind {
     pub(crate) fn code(self) -> u8 {
@@ -21,6 +28,7 @@ impl Kind {
         match code {
             1 => Some(Kind::From),
             2 => Some(Kind::To),
+            3 => Some(Kind::Gone),
             _ => None,
         }
     }
@@ -62,6 +70,7 @@ pub(crate) struct Edge {
 
 /// The outer join of `From` and `To` over several sorted sources: calls `live` with
 /// each `From` record that has no `To` for the same key in any source, in key order.
+/// `Gone` records are not joined here: the caller drops the edges of gone parents.
 /// Each source must be sorted by key with unique keys (a run's records, or a write
 /// store's). A `To` without a `From` (its `From` purged by the deletion vector)
 /// yields nothing.
@@ -113,6 +122,8 @@ fn join_group(sources: &mut [&[Record]], key: (Addr, Addr), live: &mut impl FnMu
                 match head.kind {
                     Kind::From => from = Some(*head),
                     Kind::To => ended = true,
+                    // Applied by the caller, which knows every source's.
+                    Kind::Gone => {}
                 }
                 *source = rest;
             }

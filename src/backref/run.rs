@@ -14,7 +14,7 @@
 //! gen          u64      the checkpoint generation that wrote it
 //! record_count u64
 //! records      record_count x 32 bytes, strictly increasing by (child, parent):
-//!   child u64, parent u64, gen u64, len u32, kind u8 (1 From, 2 To), 3 zero bytes
+//!   child u64, parent u64, gen u64, len u32, kind u8 (1 From, 2 To, 3 Gone), 3 zero bytes
 //! bloom        hashes u32, word_count u32 (a power of two), word_count x u64
 //! crc          u32      CRC-32C of everything before it
 //! ```
@@ -24,7 +24,7 @@
 
 use super::bloom::Bloom;
 use super::manifest::RunMeta;
-use super::record::{Kind, Record};
+use super::record::{Kind, Record, GONE_CHILD};
 use crate::error::{Error, Result};
 use crate::format::{crc, put_u32, put_u64, put_u8, Addr, Decoder};
 use std::ops::RangeInclusive;
@@ -209,6 +209,13 @@ impl Run {
 
     /// The records whose child is `child`, skipping the search when the Bloom filter
     /// rules it out.
+    /// Whether this run records that `parent` was freed.
+    pub(crate) fn gone(&self, parent: Addr) -> bool {
+        self.range(&(GONE_CHILD.0..=GONE_CHILD.0))
+            .binary_search_by_key(&parent, |r| r.parent)
+            .is_ok()
+    }
+
     pub(crate) fn point(&self, child: Addr) -> &[Record] {
         if !self.bloom.may_contain(child.0) {
             return &[];
@@ -287,7 +294,12 @@ fn decode_record(d: &mut Decoder<'_>) -> Result<Record> {
     let code = d.u8()?;
     let pad = d.bytes(3)?;
     let kind = Kind::from_code(code).ok_or_else(|| d.error(format!("record kind {code}")))?;
-    if pad != [0; 3] || (kind == Kind::To && len != 0) {
+    let gone_ok = if kind == Kind::Gone {
+        child == GONE_CHILD && len == 0
+    } else {
+        child != GONE_CHILD
+    };
+    if pad != [0; 3] || (kind == Kind::To && len != 0) || !gone_ok {
         return Err(d.error("malformed record"));
     }
     Ok(Record {

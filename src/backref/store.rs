@@ -141,16 +141,24 @@ impl BackrefStore {
         Ok(run)
     }
 
-    /// The live `From` records of every run and of `level0`, in key order.
+    /// The live `From` records of every run and of `level0`, in key order: the edges
+    /// of gone parents are dropped, and so are the `Gone` records themselves (every
+    /// run is merged, so no record they end is left anywhere).
     fn merge(&self, level0: Option<&Run>) -> Vec<Record> {
         let sources: Vec<&[Record]> = self.runs.iter().chain(level0).map(Run::records).collect();
         let mut live = Vec::with_capacity(sources.iter().map(|s| s.len()).max().unwrap_or(0));
+        let gone = |parent| self.runs.iter().chain(level0).any(|run| run.gone(parent));
         merge_join(sources, |r| {
-            if !self.is_dead(r) {
+            if !self.is_dead(r) && !gone(r.parent) {
                 live.push(*r);
             }
         });
         live
+    }
+
+    /// Whether the node `parent` was freed, by a run or by the write store.
+    fn is_gone(&self, parent: Addr, ws: &WriteStore) -> bool {
+        ws.gone(parent) || self.runs.iter().any(|run| run.gone(parent))
     }
 
     /// Marks `segment` deleted: every record naming an address in it is dead from now
@@ -251,7 +259,9 @@ impl BackrefStore {
             // One run alone: its keys are unique, so its `From`s are the live edges.
             1 if !only.is_empty() => out.extend(
                 only.iter()
-                    .filter(|r| r.kind == Kind::From && !self.is_dead(r))
+                    .filter(|r| {
+                        r.kind == Kind::From && !self.is_dead(r) && !self.is_gone(r.parent, ws)
+                    })
                     .map(Record::edge),
             ),
             _ => {
@@ -263,7 +273,7 @@ impl BackrefStore {
                     .chain(std::iter::once(pending.as_slice()))
                     .collect();
                 merge_join(sources, |r| {
-                    if !self.is_dead(r) {
+                    if !self.is_dead(r) && !self.is_gone(r.parent, ws) {
                         out.push(r.edge());
                     }
                 });

@@ -345,6 +345,8 @@ struct Harness {
     deleted: BTreeSet<SegmentId>,
     /// Every edge ever added: addresses are never reused, so none comes back.
     used: BTreeSet<(Addr, Addr)>,
+    /// Parents freed whole (`remove_parent`): a freed node never gains an edge.
+    freed: BTreeSet<Addr>,
     /// The last two manifests "written to a superblock", newest first, with the model
     /// and deletion vector as of each.
     durable: Vec<Durable>,
@@ -371,6 +373,7 @@ impl Harness {
             model: BTreeMap::new(),
             deleted: BTreeSet::new(),
             used: BTreeSet::new(),
+            freed: BTreeSet::new(),
             durable: Vec::new(),
             auto_compactions: 0,
             torn_persists: 0,
@@ -387,7 +390,7 @@ impl Harness {
         let key = (child, parent);
         let deleted =
             self.deleted.contains(&child.segment()) || self.deleted.contains(&parent.segment());
-        if child == parent || deleted || !self.used.insert(key) {
+        if child == parent || deleted || self.freed.contains(&parent) || !self.used.insert(key) {
             return;
         }
         let len = 1 + self.rng.below(4096) as u32;
@@ -429,6 +432,26 @@ impl Harness {
         for key in removed {
             self.model.remove(&key);
         }
+    }
+
+    /// Frees a parent whole, directly or through a transaction's delta that commits
+    /// or aborts: all its edges end at once.
+    fn remove_parent(&mut self) {
+        let Some((_, parent)) = self.random_live_edge() else {
+            return;
+        };
+        if self.rng.chance(1, 2) {
+            let mut delta = WriteStore::new();
+            delta.remove_parent(parent);
+            if self.rng.chance(1, 3) {
+                return; // aborted: the delta is dropped
+            }
+            self.ws.merge(delta);
+        } else {
+            self.ws.remove_parent(parent);
+        }
+        self.freed.insert(parent);
+        self.model.retain(|(_, p), _| *p != parent);
     }
 
     fn delete_segment(&mut self) {
@@ -524,7 +547,8 @@ impl Harness {
     fn step(&mut self, step: usize) {
         match self.rng.below(100) {
             0..=44 => self.add(),
-            45..=69 => self.remove(),
+            45..=59 => self.remove(),
+            60..=69 => self.remove_parent(),
             70..=84 => self.checkpoint(),
             85..=88 => {
                 self.store.compact(self.gen).unwrap();

@@ -11,7 +11,7 @@
 //! nothing on disk. Symmetrically, adding an edge whose `To` is pending here cancels
 //! that `To` (the edge's older `From` stays in force).
 
-use super::record::{Kind, Record};
+use super::record::{Kind, Record, GONE_CHILD};
 use crate::format::{Addr, BlockRef};
 use std::collections::btree_map::{BTreeMap, Entry};
 use std::ops::RangeInclusive;
@@ -19,8 +19,12 @@ use std::ops::RangeInclusive;
 /// A pending record: a `From` with the child's length, or a `To`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Pending {
-    From { len: u32 },
+    From {
+        len: u32,
+    },
     To,
+    /// The key's parent was freed (the key's child is `GONE_CHILD`).
+    Gone,
 }
 
 /// The in-memory records of one interval, keyed by `(child, parent)`.
@@ -65,6 +69,17 @@ impl WriteStore {
         }
     }
 
+    /// Records that the written node `parent` was freed: every edge from it ends. One
+    /// record, whatever the node's fan-out.
+    pub(crate) fn remove_parent(&mut self, parent: Addr) {
+        self.entries.insert((GONE_CHILD, parent), Pending::Gone);
+    }
+
+    /// Whether `parent` was freed in this interval.
+    pub(crate) fn gone(&self, parent: Addr) -> bool {
+        self.entries.contains_key(&(GONE_CHILD, parent))
+    }
+
     /// Applies `later`'s records after this store's, pruning as `add` and `remove` do.
     pub(crate) fn merge(&mut self, later: WriteStore) {
         if self.entries.is_empty() {
@@ -82,6 +97,7 @@ impl WriteStore {
                     parent,
                 ),
                 Pending::To => self.remove(child, parent),
+                Pending::Gone => self.remove_parent(parent),
             }
         }
     }
@@ -121,6 +137,7 @@ fn record(child: Addr, parent: Addr, pending: Pending, gen: u64) -> Record {
     let (kind, len) = match pending {
         Pending::From { len } => (Kind::From, len),
         Pending::To => (Kind::To, 0),
+        Pending::Gone => (Kind::Gone, 0),
     };
     Record {
         child,

@@ -147,23 +147,21 @@ impl WriteCtx<'_> {
     pub(crate) fn release_queued(&mut self, r: BlockRef, queue: &mut Vec<BlockRef>) -> Result<()> {
         let node = self.loader.load(r)?;
         self.release_children(&node, queue);
-        self.free_written(r, &node);
+        self.free_written(r);
         Ok(())
     }
 
-    /// Frees the written node `node` at `r`: its bytes, and its back references.
-    fn free_written(&mut self, r: BlockRef, node: &Node) {
+    /// Frees the written node at `r`: its bytes, and its back references.
+    fn free_written(&mut self, r: BlockRef) {
         self.delta.free(r);
-        end_backrefs(self.backrefs, r, node);
+        end_backrefs(self.backrefs, r);
     }
 }
 
 /// Records that the written node at `r` is gone: none of its pointers is a back
-/// reference any more. (A written node names every child by a written address.)
-pub(crate) fn end_backrefs(backrefs: &mut WriteStore, r: BlockRef, node: &Node) {
-    for child in node_children(node) {
-        backrefs.remove(child.addr, r.addr);
-    }
+/// reference any more. One record for the node, whatever its fan-out.
+pub(crate) fn end_backrefs(backrefs: &mut WriteStore, r: BlockRef) {
+    backrefs.remove_parent(r.addr);
 }
 
 /// The written blocks a node points at: its children, or a leaf's value extents.
@@ -197,7 +195,7 @@ pub(crate) fn shadow<'c>(slot: &'c mut Child, ctx: &mut WriteCtx<'_>) -> Result<
                 ctx.unshared.push(r.addr);
                 ctx.add_parent_to_children(&node);
             } else {
-                ctx.free_written(r, &node);
+                ctx.free_written(r);
             }
             Some(ctx.copy(&node))
         }
