@@ -78,6 +78,8 @@ mod txn;
 
 mod versions;
 
+mod subtree_memo;
+
 // Who references a block; the cleaner: relocation for clean, defrag and shrink.
 mod refs;
 

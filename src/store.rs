@@ -20,6 +20,7 @@ use crate::options::{Durability, Options};
 use crate::recovery;
 use crate::refs::{self, BlockRefs};
 use crate::stats::{self, Stats};
+use crate::subtree_memo;
 use crate::sync::lock;
 use crate::txn::{ReadTxn, WriteTxn};
 use crate::verify::{self, VerifyReport};
@@ -106,6 +107,7 @@ impl Store {
         };
         let (vfs, reserve) = ReserveVfs::wrap(vfs);
         let shared = recovery::open(vfs, dir, label, opts)?;
+        subtree_memo::load(&shared);
         if !shared.opts.read_only && shared.opts.background_checkpoints {
             start_background(&shared);
             if !lock(&shared.writer).drop_queue.is_empty() {
@@ -371,6 +373,8 @@ fn shutdown(shared: &Shared, reserve: &Reserve) -> Result<()> {
     if checkpoint::deletions_wait_for_next_generation(shared) {
         checkpoint::run(shared, None)?;
     }
+    // What `versions()` learnt, for the next process (a hint; failure is harmless).
+    let _ = subtree_memo::save(shared);
     // Space freed by this session comes back as the reserve first. Best effort: a
     // disk still full leaves it for a later close.
     let segment_bytes = shared

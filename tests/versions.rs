@@ -784,3 +784,44 @@ fn snapshot_branch_and_drop_cost_the_same_whatever_the_size() {
     }
     assert_eq!(costs[0], costs[1]);
 }
+
+/// A listing in a new process reads only what changed since the last one: the subtree
+/// totals a clean close saves (`subtree-totals`) spare it the walk of the store. The
+/// figures are the same with and without the file.
+#[test]
+fn a_listing_after_a_reopen_reuses_the_saved_subtree_totals() {
+    use cambium::io::Vfs;
+    let vfs = SimVfs::new();
+    let store = create_sim(&vfs);
+    let mut rng = Rng::new(11);
+    let mut txn = store.begin_write().unwrap();
+    for i in 0..4000 {
+        txn.put(format!("k{i:06}").as_bytes(), &rng.bytes(60))
+            .unwrap();
+    }
+    txn.commit().unwrap();
+    store.snapshot("main", "s").unwrap();
+    store.put(b"k000001", b"changed").unwrap();
+    store.checkpoint().unwrap();
+    let first = store.versions().unwrap();
+    store.close().unwrap();
+
+    let reads_for_listing = |vfs: &SimVfs| {
+        let store = open_sim(vfs).unwrap();
+        let before = vfs.read_count();
+        let listing = store.versions().unwrap();
+        let reads = vfs.read_count() - before;
+        store.close().unwrap();
+        (listing, reads)
+    };
+    let (with_file, reads_with) = reads_for_listing(&vfs);
+    vfs.remove("subtree-totals").unwrap();
+    let (without_file, reads_without) = reads_for_listing(&vfs);
+    assert_eq!(with_file, first);
+    assert_eq!(without_file, first);
+    eprintln!("listing reads: {reads_with} with the saved totals, {reads_without} without");
+    assert!(
+        reads_with * 4 < reads_without,
+        "{reads_with} reads with the saved totals, {reads_without} without"
+    );
+}
