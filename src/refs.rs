@@ -117,12 +117,17 @@ pub(crate) fn segment_refs(shared: &Shared, segment: SegmentId) -> Result<Vec<Bl
         version: String::new(),
         seen: BTreeSet::new(),
         found: BTreeMap::new(),
+        unwritten: Vec::new(),
     };
     for v in &catalog.versions {
         let Some(root) = &v.root else { continue };
         // A root in the segment has no parent edge: it joins the closure here.
-        let root_here = root.disk_ref().is_some_and(|r| in_segment(r.addr));
-        if !root_here && !root.disk_ref().is_some_and(|r| closure.contains(&r.addr)) {
+        // A written root outside the closure reaches nothing in the segment; an
+        // unwritten one may, through pointers the back references do not know yet.
+        let reaches = root
+            .disk_ref()
+            .is_none_or(|r| in_segment(r.addr) || closure.contains(&r.addr));
+        if !reaches {
             continue;
         }
         finder.version = v.name.to_string();
@@ -158,6 +163,9 @@ struct Finder<'a> {
     /// Nodes this version's walk has entered (a version is a tree: each once).
     seen: BTreeSet<Addr>,
     found: BTreeMap<Addr, Found>,
+    /// Per node on the current path: whether it is unwritten (its pointers are not
+    /// back references yet).
+    unwritten: Vec<bool>,
 }
 
 impl Finder<'_> {
@@ -172,9 +180,15 @@ impl Finder<'_> {
 
 impl Visitor for Finder<'_> {
     fn enter(&mut self, at: &At<'_>) -> Result<bool> {
+        let under_unwritten = self.unwritten.last() == Some(&true);
         Ok(match at.child.disk_ref() {
             Some(r) => {
-                (at.depth == 0 || self.closure.contains(&r.addr)) && self.seen.insert(r.addr)
+                // A block whose parent is not written yet has no back reference from
+                // it: met here, it is listed (without that parent).
+                let wanted = at.depth == 0
+                    || self.closure.contains(&r.addr)
+                    || (under_unwritten && (self.in_segment)(r.addr));
+                wanted && self.seen.insert(r.addr)
             }
             // An unwritten node: the paths below it are unknown to the back
             // references, so it is walked.
@@ -182,7 +196,13 @@ impl Visitor for Finder<'_> {
         })
     }
 
+    fn leave(&mut self, _at: &At<'_>, _node: &Arc<Node>) -> Result<()> {
+        self.unwritten.pop();
+        Ok(())
+    }
+
     fn visit(&mut self, at: &At<'_>, node: &Arc<Node>) -> Result<bool> {
+        self.unwritten.push(at.child.disk_ref().is_none());
         if let Some(r) = at.child.disk_ref().filter(|r| (self.in_segment)(r.addr)) {
             let kind = if node.level == 0 {
                 BlockKind::Leaf

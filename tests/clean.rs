@@ -321,3 +321,33 @@ fn defrag_lays_a_versions_leaves_out_in_key_order() {
     );
     assert!(store.verify().unwrap().is_clean());
 }
+
+/// `backrefs` between checkpoints: a block whose parent was rewritten in memory (not
+/// yet checkpointed, so no back reference names the new parent) is still listed, as
+/// a live block of its versions.
+#[test]
+fn backrefs_lists_blocks_whose_parent_is_not_written_yet() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = cambium::Options {
+        background_checkpoints: false,
+        ..Default::default()
+    };
+    let store = Store::create_with(dir.path().join("db"), opts).unwrap();
+    fill(&store, 5_000, 0);
+    store.checkpoint().unwrap();
+    let leaves = |store: &Store| -> usize {
+        (0..8)
+            .flat_map(|s| store.backrefs(s).unwrap())
+            .filter(|b| b.kind == BlockKind::Leaf && b.versions == ["main"])
+            .count()
+    };
+    let before = leaves(&store);
+    assert!(before > 20, "{before}");
+    // One put: its leaf and every branch above it are rewritten in memory.
+    store.put(b"key00002500", b"changed").unwrap();
+    let after = leaves(&store);
+    assert!(
+        after + 1 >= before,
+        "{before} leaves listed before the put, {after} after"
+    );
+}
