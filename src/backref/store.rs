@@ -112,7 +112,10 @@ impl BackrefStore {
                 next_seq += 1;
             }
         }
-        self.vfs.sync_dir()?;
+        if level0.is_some() || combined.is_some() {
+            // New run files: their names must be durable before a manifest names them.
+            self.vfs.sync_dir()?;
+        }
         // Everything is durable: commit the new state.
         self.next_seq = next_seq;
         if compact {
