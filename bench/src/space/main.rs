@@ -11,6 +11,8 @@
 //! Run with `--help` for every flag. A markdown report goes to stdout, progress to
 //! stderr.
 
+#[path = "../report.rs"]
+mod report;
 #[path = "../versions/stat.rs"]
 #[allow(dead_code)]
 mod stat;
@@ -303,33 +305,17 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let mut report = String::from("# cambium space benchmarks\n");
-    let mut json = serde_json::Map::new();
-    for w in &c.workloads {
-        let r = match w.as_str() {
+    report::run_workloads(
+        "cambium-space-bench",
+        "cambium space benchmarks",
+        &c.workloads,
+        c.json.as_deref(),
+        |w| match w {
             "overhead" => overhead::run(&c.ctx, &c.overhead),
             "footprint" => footprint::run(&c.ctx, &c.footprint),
             "meta" => meta::run(&c.ctx, &c.meta),
             "clean" => cleaning::run(&c.ctx, &c.clean),
             _ => soak::run(&c.ctx, &c.soak),
-        };
-        match r {
-            Ok((md, js)) => {
-                report.push_str(&format!("\n## {w}\n\n{md}"));
-                json.insert(w.clone(), js);
-            }
-            Err(e) => {
-                eprintln!("cambium-space-bench: {w}: {e}");
-                std::process::exit(1);
-            }
-        }
-    }
-    print!("{report}");
-    if let Some(path) = &c.json {
-        let text = serde_json::to_string_pretty(&json).unwrap_or_default();
-        if let Err(e) = std::fs::write(path, text) {
-            eprintln!("cambium-space-bench: writing {}: {e}", path.display());
-            std::process::exit(1);
-        }
-    }
+        },
+    );
 }

@@ -10,6 +10,8 @@
 //! Run with `--help` for every flag. A markdown report goes to stdout, progress to
 //! stderr.
 
+#[path = "../report.rs"]
+mod report;
 #[path = "../workload.rs"]
 #[allow(dead_code)]
 mod workload;
@@ -250,32 +252,16 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let mut report = String::from("# cambium version benchmarks\n");
-    let mut json = serde_json::Map::new();
-    for w in &c.workloads {
-        let r = match w.as_str() {
+    report::run_workloads(
+        "cambium-versions-bench",
+        "cambium version benchmarks",
+        &c.workloads,
+        c.json.as_deref(),
+        |w| match w {
             "latency" => latency::run(&c.ctx, &c.latency),
             "src80" => src80::run(&c.ctx, &c.src80),
             "stratified" => stratified::run(&c.ctx, &c.stratified),
             _ => nimble::run(&c.ctx, &c.nimble),
-        };
-        match r {
-            Ok((md, js)) => {
-                report.push_str(&format!("\n## {w}\n\n{md}"));
-                json.insert(w.clone(), js);
-            }
-            Err(e) => {
-                eprintln!("cambium-versions-bench: {w}: {e}");
-                std::process::exit(1);
-            }
-        }
-    }
-    print!("{report}");
-    if let Some(path) = &c.json {
-        let text = serde_json::to_string_pretty(&json).unwrap_or_default();
-        if let Err(e) = std::fs::write(path, text) {
-            eprintln!("cambium-versions-bench: writing {}: {e}", path.display());
-            std::process::exit(1);
-        }
-    }
+        },
+    );
 }
