@@ -152,7 +152,7 @@ fn clean_at_most(
         footprint_before: footprint(shared)?,
         ..CleanReport::default()
     };
-    let before = segment_files(shared)?;
+    let before = shared.segments.sizes()?;
     // Segments already empty go first: they need no move, only a durable checkpoint.
     settle_deletions(shared)?;
     let victims = choose_victims(shared, dead_below, spare_active)?;
@@ -189,7 +189,7 @@ pub(crate) fn defrag(shared: &Shared, version: Option<&str>) -> Result<CleanRepo
         footprint_before: footprint(shared)?,
         ..CleanReport::default()
     };
-    let before = segment_files(shared)?;
+    let before = shared.segments.sizes()?;
     settle_deletions(shared)?;
     // Copies go to a fresh segment (so they lie together) and to those after it;
     // they are never moved again, so a node shared by several versions moves once.
@@ -403,16 +403,12 @@ fn segment_uses(shared: &Shared) -> Result<Vec<SegmentUse>> {
         .collect())
 }
 
-fn segment_files(shared: &Shared) -> Result<Vec<(SegmentId, u64)>> {
-    shared.segments.sizes()
-}
-
 fn finish_report(
     shared: &Shared,
     report: &mut CleanReport,
     before: &[(SegmentId, u64)],
 ) -> Result<()> {
-    let after: HashSet<SegmentId> = segment_files(shared)?.into_iter().map(|s| s.0).collect();
+    let after: HashSet<SegmentId> = shared.segments.sizes()?.into_iter().map(|s| s.0).collect();
     for (id, size) in before {
         if !after.contains(id) {
             report.segments_deleted += 1;

@@ -617,6 +617,9 @@ fn compaction_cancels_pairs_and_purges_deleted_segments() {
 /// CPU cost of the write store and query throughput, in memory (SimVfs). Run with
 /// `cargo test --release --lib backref::tests::bench -- --ignored --nocapture`.
 /// (A test rather than a `benches/` target: the store is crate-private.)
+// Ignored because it measures rather than checks: it asserts nothing, and its timings
+// mean something only on a quiet machine in release mode. BENCHMARKS.md ("Space")
+// reports its figures and says how they were taken.
 #[test]
 #[ignore = "a benchmark: prints timings, asserts nothing"]
 fn bench() {
