@@ -48,8 +48,9 @@ impl std::fmt::Display for VersionKind {
 pub const MAX_VERSION_NAME_LEN: usize = 255;
 
 /// Checks a new version's name: 1 to 255 bytes of ASCII letters, digits, `.`, `_`, `-`
-/// and `/`, not starting with `-` or `.` (so it is never mistaken for a flag or a
-/// path component like `..`).
+/// and `/`, not starting with `-` (never mistaken for a flag), in `/`-separated
+/// components that are neither empty nor start with `.` (never read as a path like
+/// `a/../b`; Git's ref-name rules).
 pub fn check_version_name(name: &str) -> Result<()> {
     let bad = |why: &str| Err(Error::InvalidVersionName(format!("{name:?}: {why}")));
     if name.is_empty() {
@@ -68,6 +69,17 @@ pub fn check_version_name(name: &str) -> Result<()> {
         return bad(&format!(
             "character {c:?} not allowed (use letters, digits, '.', '_', '-', '/')"
         ));
+    }
+    // Like Git's ref names: '/' separates components, so a name never reads as a
+    // path that leaves its place (`a/../b`), names the same thing twice (`a//b`,
+    // `a/./b`) or has an empty part (`/a`, `a/`).
+    for component in name.split('/') {
+        if component.is_empty() {
+            return bad("has an empty component (a leading, trailing or doubled '/')");
+        }
+        if component.starts_with('.') {
+            return bad("has a component starting with '.' (such as '.' or '..')");
+        }
     }
     Ok(())
 }
@@ -212,7 +224,9 @@ mod tests {
     use super::*;
     #[test]
     fn names() {
-        for ok in ["main", "snap-1", "v1.2", "ci/run_7", "A"] {
+        for ok in [
+            "main", "snap-1", "v1.2", "ci/run_7", "A", "a/b/c", "a-/b.", "x..y",
+        ] {
             assert!(check_version_name(ok).is_ok(), "{ok}");
         }
         let long = "x".repeat(256);
@@ -224,6 +238,14 @@ mod tests {
             "a b",
             "tab\t",
             "é",
+            "/",
+            "/a",
+            "a/",
+            "a//b",
+            "a/./b",
+            "a/../c",
+            "a/.hidden",
+            "a/..",
             long.as_str(),
         ] {
             assert!(

@@ -69,6 +69,13 @@ pub enum Error {
     /// refuses further writes until it is reopened (committed data is safe on disk).
     #[error("store is poisoned by an earlier I/O error ({0}); reopen it")]
     Poisoned(String),
+    /// `drop` of the default branch, which commands and `Store::read`/`begin_write`
+    /// use when no version is named.
+    #[error(
+        "cannot drop {0:?}: it is the default branch (used whenever no version is named); \
+         to empty it, delete its keys, after a snapshot if you want to keep them"
+    )]
+    DefaultBranch(String),
 }
 
 /// `Result` with cambium's [`Error`].

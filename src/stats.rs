@@ -25,6 +25,9 @@ pub struct Stats {
     pub last_lsn: u64,
     /// Number of versions (branches and snapshots) in the catalog.
     pub versions: u64,
+    /// Whether the store has a `main` branch (a store made by an older build could
+    /// have dropped it); the `main` figures below are zero without one.
+    pub main_exists: bool,
     /// Keys in the `main` branch.
     pub keys: u64,
     /// Height of `main`'s tree (0 for an empty tree, 1 for a lone leaf).
@@ -107,6 +110,7 @@ pub(crate) fn collect(shared: &Shared) -> Result<Stats> {
         ..Stats::default()
     };
     if let Some(main) = view.versions.iter().find(|v| &*v.name == MAIN_BRANCH) {
+        s.main_exists = true;
         if let Some(root) = &main.root {
             walk(&mut shared.loader(), root, &mut TreeStats(&mut s))?;
         }

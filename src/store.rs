@@ -200,7 +200,8 @@ impl Store {
     /// the space only it referenced is reclaimed by a walk that proceeds in the
     /// background, in bounded steps (Rodeh §5.4: it stops at nodes other versions
     /// share, which just lose a reference). [`Store::finish_drops`] runs it to the
-    /// end. Versions made from this one keep all their data.
+    /// end. Versions made from this one keep all their data. `main`, the default
+    /// branch, cannot be dropped ([`Error::DefaultBranch`]).
     pub fn drop_version(&self, name: &str) -> Result<()> {
         self.reserve.allow();
         versions::drop_version(&self.shared, name)

@@ -37,7 +37,7 @@ use crate::btree::node::{Body, Child, Node, Value};
 use crate::btree::refcount::{RcDelta, RefCounts, Target};
 use crate::btree::walk::{walk, At, Visitor};
 use crate::btree::Loader;
-use crate::catalog::{check_version_name, VersionKind};
+use crate::catalog::{check_version_name, VersionKind, MAIN_BRANCH};
 use crate::commit::log_and_publish;
 use crate::engine::{self, Shared, View};
 use crate::error::{Error, Result};
@@ -213,6 +213,9 @@ pub(crate) fn make_version(
 
 /// Removes version `name`; the walk that frees its nodes runs in the background.
 pub(crate) fn drop_version(shared: &Shared, name: &str) -> Result<()> {
+    if name == MAIN_BRANCH {
+        return Err(Error::DefaultBranch(name.to_owned()));
+    }
     let w = shared.lock_writer_checked()?;
     let id = w
         .catalog

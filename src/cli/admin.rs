@@ -37,6 +37,25 @@ pub fn stats(ctx: &Ctx, out: &mut impl Write, dir: &Path) -> CliResult {
         .map_err(output_error)
 }
 
+/// The `stats` lines about `main`, if the store has it.
+fn main_text(s: &Stats) -> String {
+    if !s.main_exists {
+        return String::new();
+    }
+    format!(
+        "keys (main)        {keys}\n\
+         tree (main)        depth {depth}, {leaves}, {branches}, {dirty} not yet checkpointed\n\
+         extents (main)     {extents}, {extent_bytes}\n",
+        keys = s.keys,
+        depth = s.depth,
+        leaves = plural(s.leaf_nodes, "leaf node", "leaf nodes"),
+        branches = plural(s.branch_nodes, "branch node", "branch nodes"),
+        dirty = plural(s.dirty_nodes, "node", "nodes"),
+        extents = plural(s.extents, "extent", "extents"),
+        extent_bytes = human_bytes(s.extent_bytes),
+    )
+}
+
 /// The `stats` table for people.
 fn stats_text(dir: &Path, s: &Stats) -> String {
     format!(
@@ -45,9 +64,7 @@ fn stats_text(dir: &Path, s: &Stats) -> String {
          generation         {gen} (checkpoints made durable)\n\
          lsn                last commit {last}, last checkpointed {ckpt}\n\
          versions           {versions}\n\
-         keys (main)        {keys}\n\
-         tree (main)        depth {depth}, {leaves}, {branches}, {dirty} not yet checkpointed\n\
-         extents (main)     {extents}, {extent_bytes}\n\
+         {main}\
          segments           {segments}, {segment_bytes} (live {live}, dead {dead})\n\
          wal                {wal_files}, {wal_bytes} not yet checkpointed\n\
          footprint          {footprint} on disk (segments, WAL, reserve, back references)\n\
@@ -59,13 +76,7 @@ fn stats_text(dir: &Path, s: &Stats) -> String {
         last = s.last_lsn,
         ckpt = s.checkpoint_lsn,
         versions = s.versions,
-        keys = s.keys,
-        depth = s.depth,
-        leaves = plural(s.leaf_nodes, "leaf node", "leaf nodes"),
-        branches = plural(s.branch_nodes, "branch node", "branch nodes"),
-        dirty = plural(s.dirty_nodes, "node", "nodes"),
-        extents = plural(s.extents, "extent", "extents"),
-        extent_bytes = human_bytes(s.extent_bytes),
+        main = main_text(s),
         segments = plural(s.segments, "file", "files"),
         segment_bytes = human_bytes(s.segment_bytes),
         live = human_bytes(s.live_bytes),

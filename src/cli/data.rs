@@ -16,7 +16,10 @@ pub fn put(ctx: &Ctx, dir: &Path, key: &str, value: &str, branch: &str) -> CliRe
     let value = ctx.enc.decode_arg("value", value)?;
     check_key(&key)?;
     check_name(branch)?;
-    write_one(Target { dir, branch }, |txn| txn.put(&key, &value))
+    let what = format!("the put of {} on {branch}", ctx.enc.show(&key));
+    write_one(ctx, Target { dir, branch }, &what, |txn| {
+        txn.put(&key, &value)
+    })
 }
 
 /// `cambium get DIR KEY [--at VERSION]`
@@ -38,7 +41,8 @@ pub fn del(ctx: &Ctx, dir: &Path, key: &str, branch: &str) -> CliResult {
     let key = ctx.enc.decode_arg("key", key)?;
     check_key(&key)?;
     check_name(branch)?;
-    let existed = write_one(Target { dir, branch }, |txn| txn.delete(&key))?;
+    let what = format!("the delete of {} on {branch}", ctx.enc.show(&key));
+    let existed = write_one(ctx, Target { dir, branch }, &what, |txn| txn.delete(&key))?;
     if existed {
         Ok(())
     } else {

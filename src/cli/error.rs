@@ -17,6 +17,10 @@ pub const EXIT_FAILURE: i32 = 3;
 pub const EXIT_VERIFY_PROBLEMS: i32 = 4;
 /// The store failed a checksum or structural check while it was being used.
 pub const EXIT_CORRUPTED: i32 = 5;
+/// The command's change was committed and is durable, but a later step failed (the
+/// closing checkpoint, writing the output): a warning says which. Retrying the
+/// command would do the change twice (or fail with "already exists").
+pub const EXIT_COMMITTED_WITH_WARNING: i32 = 6;
 
 /// The text appended to `--help`, documenting the exit codes.
 pub const EXIT_CODES_HELP: &str = "\
@@ -29,7 +33,9 @@ Exit codes:
      a version name already taken, a write to a snapshot, missing store, not a
      store, unsupported format version, store in use, I/O errors
   4  verify found problems
-  5  the store is corrupted (a checksum or structure check failed)";
+  5  the store is corrupted (a checksum or structure check failed)
+  6  the change was committed and is durable, but a later step failed (closing
+     the store, writing the output): a warning says which; do not retry";
 
 /// What a command returns: its value, or the failure to report.
 pub type CliResult<T = ()> = Result<T, CliError>;

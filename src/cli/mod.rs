@@ -21,15 +21,45 @@ mod versions; // snapshot, branch, versions, drop, diff
 use args::{Cli, Command};
 use clap::Parser;
 use codec::Encoding;
-use error::{output_error, CliResult, EXIT_OK};
+use error::{output_error, CliError, CliResult, EXIT_COMMITTED_WITH_WARNING, EXIT_OK};
 use std::io::Write;
 
-/// Settings shared by every command.
+/// Settings shared by every command, and what it has made durable so far.
 pub struct Ctx {
     /// How keys and values are read and printed.
     pub enc: Encoding,
     /// Print JSON.
     pub json: bool,
+    /// Set once the command's whole change is committed and durable (what it is, for
+    /// people): a failure after that point is reported as a warning with exit 6, not
+    /// as an error that invites a retry of something already done.
+    committed: std::cell::RefCell<Option<String>>,
+}
+
+impl Ctx {
+    /// Records that the command's change is durable: `what` completes "... and is
+    /// durable", e.g. `snapshot "s" was created`.
+    pub fn committed(&self, what: impl Into<String>) {
+        *self.committed.borrow_mut() = Some(what.into());
+    }
+
+    /// A failure after the commit point becomes a warning that says the data is safe.
+    fn after_commit(&self, e: CliError) -> CliError {
+        let Some(what) = self.committed.borrow_mut().take() else {
+            return e;
+        };
+        let afterwards = if e.msg.is_empty() {
+            "the reader of the output went away".to_owned()
+        } else {
+            e.msg
+        };
+        CliError::new(
+            EXIT_COMMITTED_WITH_WARNING,
+            format!(
+                "{what} and is durable (do not retry it); afterwards this failed: {afterwards}"
+            ),
+        )
+    }
 }
 
 /// Runs the tool on the process's arguments and returns the exit code.
@@ -45,8 +75,14 @@ pub fn run() -> i32 {
     match dispatch(cli) {
         Ok(()) => EXIT_OK,
         Err(e) => {
+            let label = if e.code == EXIT_COMMITTED_WITH_WARNING {
+                "warning"
+            } else {
+                "error"
+            };
             if !e.msg.is_empty() {
-                eprintln!("cambium: error: {}", e.msg);
+                // A closed or full stderr leaves only the exit code to tell.
+                let _ = writeln!(std::io::stderr(), "cambium: {label}: {}", e.msg);
             }
             e.code
         }
@@ -61,6 +97,7 @@ fn dispatch(cli: Cli) -> CliResult {
             Encoding::Text
         },
         json: cli.json,
+        committed: std::cell::RefCell::new(None),
     };
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
@@ -114,6 +151,5 @@ fn dispatch(cli: Cli) -> CliResult {
     };
     // Whatever was printed before a failure still goes out.
     let flushed = out.flush().map_err(output_error);
-    result?;
-    flushed
+    result.and(flushed).map_err(|e| ctx.after_commit(e))
 }

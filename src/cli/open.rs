@@ -3,6 +3,7 @@
 //! view of a version).
 
 use super::error::{exit_code_for, CliError, CliResult};
+use super::Ctx;
 use cambium::{Options, ReadTxn, Store, WriteTxn};
 use std::path::Path;
 
@@ -84,15 +85,19 @@ pub fn begin<'s>(store: &'s Store, target: Target<'_>) -> CliResult<WriteTxn<'s>
 }
 
 /// Opens the store for writing, runs `f` in one transaction on the target branch,
-/// commits it and closes the store.
+/// commits it and closes the store. `what` names the change for the warning a
+/// failure after the commit gets ("the put of "k" on main").
 pub fn write_one<T>(
+    ctx: &Ctx,
     target: Target<'_>,
+    what: &str,
     f: impl FnOnce(&mut WriteTxn) -> cambium::Result<T>,
 ) -> CliResult<T> {
     let store = open_writable(target.dir)?;
     let mut txn = begin(&store, target)?;
     let v = f(&mut txn)?;
     txn.commit()?;
+    ctx.committed(format!("{what} was committed"));
     store.close()?;
     Ok(v)
 }

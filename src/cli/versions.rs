@@ -34,6 +34,7 @@ fn make(
                 store.branch(source, name)?;
             }
         }
+        ctx.committed(format!("{kind} {name:?} was created"));
         if !ctx.json {
             return Ok(None);
         }
@@ -79,6 +80,7 @@ pub fn drop(ctx: &Ctx, out: &mut impl Write, dir: &Path, name: &str) -> CliResul
     check_name(name)?;
     with_writable(dir, |store| {
         store.drop_version(name)?;
+        ctx.committed(format!("version {name:?} was dropped"));
         store.finish_drops()?;
         Ok(())
     })?;
