@@ -76,6 +76,17 @@ pub enum Error {
          to empty it, delete its keys, after a snapshot if you want to keep them"
     )]
     DefaultBranch(String),
+    /// Another process writes to the store (it holds the writer lock); read-only
+    /// opens work beside it.
+    #[error("the store is in use by another process ({})", holder(*.pid))]
+    Locked {
+        /// The holder's process id, when the lock file names it.
+        pid: Option<u32>,
+    },
+}
+
+fn holder(pid: Option<u32>) -> String {
+    pid.map_or_else(|| "its pid is unknown".to_owned(), |p| format!("pid {p}"))
 }
 
 /// `Result` with cambium's [`Error`].

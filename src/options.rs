@@ -19,9 +19,16 @@ pub struct Options {
     /// Run checkpoints on a background thread (otherwise the committing thread runs
     /// them when a threshold is crossed, and the interval is not used).
     pub background_checkpoints: bool,
-    /// Open without writing anything (shared process lock; the WAL is replayed in
-    /// memory only).
+    /// Open without writing anything: files are opened read-only, nothing is created
+    /// (a directory that is not a store is left as it was), the WAL is replayed in
+    /// memory only, and a writer in another process neither blocks this open nor is
+    /// blocked by it (the view is the durable state when it opened). See
+    /// [`Store::open_read_only`](crate::Store::open_read_only).
     pub read_only: bool,
+    /// How long a writable open waits for another process's writer to let go of the
+    /// store: `None` fails at once with [`Error::Locked`](crate::Error::Locked),
+    /// naming the holder's PID.
+    pub lock_wait: Option<Duration>,
     /// Checkpoint when the store is closed or dropped, so the next open replays nothing.
     pub checkpoint_on_close: bool,
     /// Clean on its own (after background checkpoints, and when the store is closed)
@@ -42,6 +49,7 @@ impl Default for Options {
             checkpoint_interval: Some(Duration::from_secs(30)),
             background_checkpoints: true,
             read_only: false,
+            lock_wait: None,
             checkpoint_on_close: true,
             auto_clean_dead_percent: Some(50.0),
             vfs: None,
@@ -58,6 +66,7 @@ impl std::fmt::Debug for Options {
             .field("checkpoint_interval", &self.checkpoint_interval)
             .field("background_checkpoints", &self.background_checkpoints)
             .field("read_only", &self.read_only)
+            .field("lock_wait", &self.lock_wait)
             .field("checkpoint_on_close", &self.checkpoint_on_close)
             .field("auto_clean_dead_percent", &self.auto_clean_dead_percent)
             .field("vfs", &self.vfs.as_ref().map(|_| "custom"))

@@ -21,7 +21,7 @@ use crate::checkpoint;
 use crate::engine::{self, fits_pinned, Durable, PendingDelete, Shared, ViewRegistry, WriterState};
 use crate::error::{Error, Result};
 use crate::format::{now_unix_ms, BlockRef, Lsn};
-use crate::io::{VFile, Vfs};
+use crate::io::{LockKind, StoreLock, VFile, Vfs};
 use crate::meta::{self, Chain, Meta};
 use crate::options::Options;
 use crate::space::{Segments, SpaceDelta};
@@ -31,12 +31,81 @@ use crate::wal::{self, Generations, Wal};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
-/// Writes the durable state of an empty store (one empty branch, `main`) into `vfs`.
+/// Present while a store is being created: a creation cut short (a crash, a full
+/// disk) is recognised by it and started over by the next `create`.
+pub(crate) const INIT_MARKER: &str = "init-in-progress";
+
+/// Where the superblock is written before it is renamed into place: a store exists
+/// (its `superblock` does) only once it is complete.
+const SUPERBLOCK_TMP: &str = "superblock.tmp";
+
+/// Whether `name` is one of the files a store keeps (other than `LOCK`).
+fn is_store_file(name: &str) -> bool {
+    let between = |prefix: &str, suffix: &str| {
+        name.len() > prefix.len() + suffix.len()
+            && name.starts_with(prefix)
+            && name.ends_with(suffix)
+    };
+    between("seg-", ".dat")
+        || between("wal-", ".log")
+        || between("backref-", ".run")
+        || [
+            SUPERBLOCK_TMP,
+            "reserve",
+            "reserve.tmp",
+            "subtree-totals",
+            INIT_MARKER,
+        ]
+        .contains(&name)
+}
+
+/// Writes the durable state of an empty store (one empty branch, `main`) into `vfs`,
+/// atomically: the superblock is renamed into place last, so an interrupted creation
+/// leaves no store, only files that the next `create` recognises by
+/// [`INIT_MARKER`] and removes. A failed creation removes what it wrote.
 pub(crate) fn create(vfs: &Arc<dyn Vfs>, label: &str) -> Result<()> {
-    let _guard = vfs.lock(true)?;
+    let _guard = take_writer_lock(&**vfs, None)?;
     if vfs.exists(superblock::FILE_NAME)? {
         return Err(Error::AlreadyExists(label.to_owned()));
+    }
+    let names = vfs.list()?;
+    let interrupted = names.iter().any(|n| n == INIT_MARKER);
+    let leftovers: Vec<&String> = names.iter().filter(|n| is_store_file(n)).collect();
+    if !interrupted {
+        if let Some(first) = leftovers.first() {
+            return Err(Error::InvalidArgument(format!(
+                "{label} holds store files ({first} and {} more) but no superblock: a \
+                 damaged store, not an interrupted init; move them away to create a store here",
+                leftovers.len() - 1
+            )));
+        }
+        vfs.create(INIT_MARKER)?;
+        vfs.sync_dir()?;
+    }
+    let written = write_initial_state(vfs, &leftovers);
+    if written.is_err() {
+        // Leave the directory as it was (the marker goes last: until then a crash
+        // leaves a creation the next `create` recognises).
+        for name in vfs.list().unwrap_or_default() {
+            if is_store_file(&name) && name != INIT_MARKER {
+                let _ = vfs.remove(&name);
+            }
+        }
+        let _ = vfs.remove(INIT_MARKER);
+        let _ = vfs.sync_dir();
+    }
+    written
+}
+
+/// The body of [`create`]: removes an interrupted creation's `leftovers`, then writes
+/// the first segment, the superblock (renamed into place) and drops the marker.
+fn write_initial_state(vfs: &Arc<dyn Vfs>, leftovers: &[&String]) -> Result<()> {
+    for name in leftovers {
+        if name.as_str() != INIT_MARKER {
+            vfs.remove(name)?;
+        }
     }
     let segments = Segments::open(vfs.clone(), false)?;
     let meta = Meta {
@@ -45,7 +114,7 @@ pub(crate) fn create(vfs: &Arc<dyn Vfs>, label: &str) -> Result<()> {
     };
     let meta_ref = segments.append(&meta::encode_base(&meta))?;
     segments.sync()?;
-    let sb_file = vfs.create(superblock::FILE_NAME)?;
+    let sb_file = vfs.create(SUPERBLOCK_TMP)?;
     let created = now_unix_ms();
     // Both slots valid from the start: generation 1 in slot 1, then 2 in slot 0.
     for generation in [1, 2] {
@@ -58,6 +127,9 @@ pub(crate) fn create(vfs: &Arc<dyn Vfs>, label: &str) -> Result<()> {
         };
         SuperblockFile::write(&*sb_file, &sb)?;
     }
+    vfs.rename(SUPERBLOCK_TMP, superblock::FILE_NAME)?;
+    vfs.sync_dir()?;
+    vfs.remove(INIT_MARKER)?;
     vfs.sync_dir()?;
     Ok(())
 }
@@ -69,7 +141,102 @@ pub(crate) fn open(
     label: String,
     opts: Options,
 ) -> Result<Arc<Shared>> {
-    let process_lock = vfs.lock(!opts.read_only)?;
+    // A directory that is not a store is left as it was: nothing (not even the lock
+    // file) is created before its superblock is found.
+    if !vfs.exists(superblock::FILE_NAME)? {
+        return Err(Error::NotAStore(label));
+    }
+    if opts.read_only {
+        return open_reader(vfs, dir, label, opts);
+    }
+    let lock: Arc<dyn StoreLock> = take_writer_lock(&*vfs, opts.lock_wait)?.into();
+    settle(load(vfs, dir, label, opts, lock, None)?)
+}
+
+/// How many times a read-only open starts over when a checkpoint in another process
+/// lands while it reads (each try is short: a checkpoint takes much longer).
+const READER_ATTEMPTS: u32 = 100;
+
+/// A read-only open, beside a writer in another process or not. It reads the
+/// superblock, opens every segment (an open file stays readable after the writer
+/// deletes it), loads the metadata and replays the log up to what the writer has
+/// published as durable; then it reads the superblock again. Unchanged, no checkpoint
+/// landed meanwhile, so nothing it read was deleted or recycled before it was opened
+/// (files are deleted or recycled only once a newer superblock is durable), and what
+/// it loaded is one consistent state. Changed, it starts over.
+fn open_reader(vfs: Arc<dyn Vfs>, dir: &Path, label: String, opts: Options) -> Result<Arc<Shared>> {
+    let lock: Arc<dyn StoreLock> = vfs.lock(LockKind::Reader)?.into();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let before = superblock_bytes(&*vfs)?;
+        // Read before the log: the bound only grows, and what it covers is durable.
+        let bound = vfs.published_synced().map(Lsn);
+        let opened = load(
+            vfs.clone(),
+            dir,
+            label.clone(),
+            opts.clone(),
+            lock.clone(),
+            bound,
+        );
+        if superblock_bytes(&*vfs)? == before {
+            return opened.map(|l| l.shared);
+        }
+        if attempt >= READER_ATTEMPTS {
+            return Err(Error::Io(std::io::Error::other(format!(
+                "{label}: the store changed under each of {READER_ATTEMPTS} attempts to read it \
+                 (another process checkpoints faster than this open reads); try again"
+            ))));
+        }
+        drop(opened);
+        std::thread::sleep(std::time::Duration::from_millis(u64::from(attempt.min(20))));
+    }
+}
+
+/// The superblock file's bytes: both slots (a checkpoint rewrites one of them).
+fn superblock_bytes(vfs: &dyn Vfs) -> Result<Vec<u8>> {
+    let file = vfs.open(superblock::FILE_NAME)?;
+    let len = usize::try_from(file.len()?).unwrap_or(usize::MAX);
+    let mut buf = vec![0; len.min(superblock::FILE_BYTES)];
+    file.read_exact_at(&mut buf, 0)?;
+    Ok(buf)
+}
+
+/// Takes the writer lock, waiting up to `wait` for another process to let it go.
+fn take_writer_lock(vfs: &dyn Vfs, wait: Option<Duration>) -> Result<Box<dyn StoreLock>> {
+    let start = Instant::now();
+    loop {
+        match vfs.lock(LockKind::Writer) {
+            Ok(lock) => return Ok(lock),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let waited = start.elapsed();
+                match wait {
+                    Some(w) if waited < w => {
+                        std::thread::sleep((w - waited).min(Duration::from_millis(20)));
+                    }
+                    _ => {
+                        return Err(Error::Locked {
+                            pid: vfs.lock_holder(),
+                        })
+                    }
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Loads the newest durable state and replays the log after it (no further than
+/// `bound`, if given) into a new `Shared`. Writes nothing.
+fn load(
+    vfs: Arc<dyn Vfs>,
+    dir: &Path,
+    label: String,
+    opts: Options,
+    process_lock: Arc<dyn StoreLock>,
+    bound: Option<Lsn>,
+) -> Result<Loaded> {
     let sb_file = SuperblockFile::read(&*vfs, &label)?;
     let segments = Segments::open(vfs.clone(), opts.read_only)?;
     let (sb, meta, chain) = load_newest(&sb_file, &segments)?;
@@ -103,9 +270,10 @@ pub(crate) fn open(
         cache: &cache,
         segments: &segments,
     };
-    let replayed = replay_wal(&*vfs, &sb, &mut writer, loader, keep_pinned)?;
+    let replayed = replay_wal(&*vfs, &sb, &mut writer, loader, keep_pinned, bound)?;
     let wal = Wal::new(
         vfs.clone(),
+        process_lock.clone(),
         replayed.next_gen,
         writer.last_lsn,
         replayed.bytes,
@@ -116,7 +284,7 @@ pub(crate) fn open(
         &writer.catalog,
         views.clone(),
     ));
-    let needs_heal = !opts.read_only && sb_file.has_invalid_slot();
+    let needs_heal = sb_file.has_invalid_slot();
     let durable_generation = sb.generation;
     // Deletions a previous process left pending (of segments still there).
     let existing: Vec<_> = segments.sizes()?.into_iter().map(|(id, _)| id).collect();
@@ -160,18 +328,40 @@ pub(crate) fn open(
         closed: Mutex::new(false),
         _process_lock: process_lock,
     });
-    if !shared.opts.read_only {
-        settle(&shared, &replayed.files, needs_heal)?;
-    }
-    Ok(shared)
+    Ok(Loaded {
+        shared,
+        replayed: replayed.files,
+        needs_heal,
+    })
 }
 
-/// A writable open's work after replay: make what was read durable, drop the log no
-/// superblock needs, and rewrite an invalid superblock slot.
-fn settle(shared: &Shared, replayed: &[Arc<dyn VFile>], needs_heal: bool) -> Result<()> {
+/// A loaded store, and what a writable open still has to settle.
+struct Loaded {
+    shared: Arc<Shared>,
+    /// The log files read, to be fsynced before new commits build on them.
+    replayed: Vec<Arc<dyn VFile>>,
+    /// A superblock slot is invalid: rewrite it now.
+    needs_heal: bool,
+}
+
+/// A writable open's work after replay: make what was read durable, publish it to
+/// readers, drop the log no superblock needs, and rewrite an invalid superblock slot.
+fn settle(loaded: Loaded) -> Result<Arc<Shared>> {
+    let Loaded {
+        shared,
+        replayed,
+        needs_heal,
+    } = loaded;
     for file in replayed {
         file.sync()?;
     }
+    if shared.vfs.exists(INIT_MARKER)? {
+        // A creation cut short after its superblock was in place: it is complete.
+        shared.vfs.remove(INIT_MARKER)?;
+    }
+    shared
+        ._process_lock
+        .publish_synced(shared.wal.last_lsn().0)?;
     shared.segments.sync_all()?;
     let first_live = {
         let d = lock(&shared.durable);
@@ -182,13 +372,13 @@ fn settle(shared: &Shared, replayed: &[Arc<dyn VFile>], needs_heal: bool) -> Res
     // Segments a previous process emptied and neither slot can reach any more (no
     // view of this process is older than the durable state): their space comes back
     // now; the others wait for a later checkpoint, as in a running store.
-    checkpoint::delete_unreachable_segments(shared);
+    checkpoint::delete_unreachable_segments(&shared);
     if needs_heal {
         // A torn or corrupt slot is rewritten by the next checkpoint (it is the slot
         // the next generation goes to); do it now.
-        checkpoint::run(shared, None)?;
+        checkpoint::run(&shared, None)?;
     }
-    Ok(())
+    Ok(shared)
 }
 
 /// Loads the newest superblock whose metadata chain reads back; falls back to the
@@ -227,6 +417,7 @@ fn replay_wal(
     w: &mut WriterState,
     loader: crate::btree::Loader<'_>,
     keep_pinned: bool,
+    bound: Option<Lsn>,
 ) -> Result<Replayed> {
     let mut next_gen = sb.wal_gen;
     let mut bytes = 0;
@@ -234,6 +425,9 @@ fn replay_wal(
     for generation in Generations::read(vfs, sb.wal_gen, w.last_lsn)? {
         let generation = generation?;
         for logged in &generation.records {
+            if bound.is_some_and(|b| logged.lsn > b) {
+                break;
+            }
             engine::apply_record(w, loader, keep_pinned, &logged.record()?, logged.lsn)?;
             w.last_lsn = logged.lsn;
         }

@@ -70,14 +70,30 @@ impl Store {
                 "cannot create a store read-only".into(),
             ));
         }
+        let label = dir.display().to_string();
+        let mut made_dir = false;
         let vfs: Arc<dyn Vfs> = match &opts.vfs {
             Some(v) => v.clone(),
             None => {
+                if dir.exists() && !dir.is_dir() {
+                    return Err(Error::InvalidArgument(format!(
+                        "{label} exists and is not a directory"
+                    )));
+                }
+                made_dir = !dir.exists();
                 std::fs::create_dir_all(dir)?;
                 Arc::new(StdVfs::new(dir))
             }
         };
-        recovery::create(&vfs, &dir.display().to_string())?;
+        if let Err(e) = recovery::create(&vfs, &label) {
+            if made_dir {
+                // Nothing of the failed creation stays behind (it removed its files;
+                // this removes the lock file and the directory it made).
+                let _ = std::fs::remove_file(dir.join(crate::io::LOCK_FILE));
+                let _ = std::fs::remove_dir(dir);
+            }
+            return Err(e);
+        }
         let store = Self::open_with(dir, opts)?;
         // Best effort: on a disk too full for it, a later close allocates it.
         let _ = store.reserve.restore(crate::io::reserve_for(0));
@@ -87,6 +103,32 @@ impl Store {
     /// Opens an existing store with default options.
     pub fn open(dir: impl AsRef<Path>) -> Result<Store> {
         Self::open_with(dir, Options::default())
+    }
+
+    /// Opens an existing store for reading only: nothing in the directory is created
+    /// or written (it works without write permission, on a read-only mount), and a
+    /// process writing to the store meanwhile neither blocks this open nor is blocked
+    /// by it. The handle sees the store's durable state as of the open (the last
+    /// checkpoint plus every commit the writer has made durable); writes fail with
+    /// [`Error::ReadOnly`].
+    ///
+    /// ```
+    /// # fn main() -> cambium::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// let writer = cambium::Store::create(dir.path().join("db"))?;
+    /// writer.put(b"k", b"v")?;
+    /// let reader = cambium::Store::open_read_only(dir.path().join("db"))?; // beside the writer
+    /// assert_eq!(reader.read()?.get(b"k")?, Some(b"v".to_vec()));
+    /// # Ok(()) }
+    /// ```
+    pub fn open_read_only(dir: impl AsRef<Path>) -> Result<Store> {
+        Self::open_with(
+            dir,
+            Options {
+                read_only: true,
+                ..Options::default()
+            },
+        )
     }
 
     /// Opens an existing store: newest valid superblock, then WAL replay.
@@ -102,7 +144,11 @@ impl Store {
                 if !dir.is_dir() {
                     return Err(Error::NotAStore(label));
                 }
-                Arc::new(StdVfs::new(dir))
+                if opts.read_only {
+                    Arc::new(StdVfs::read_only(dir))
+                } else {
+                    Arc::new(StdVfs::new(dir))
+                }
             }
         };
         let (vfs, reserve) = ReserveVfs::wrap(vfs);

@@ -27,6 +27,8 @@ use crate::io::{VFile, Vfs};
 pub(crate) const FILE_NAME: &str = "superblock";
 pub(crate) const MAGIC: &[u8; 8] = b"CAMBIUM\0";
 pub(crate) const SLOT_SIZE: usize = 4096;
+/// The file holds two slots.
+pub(crate) const FILE_BYTES: usize = 2 * SLOT_SIZE;
 
 // Slot layout: the byte offset of each field. docs/FORMAT.md has the same table, and
 // `crate::format_tests` checks the two against each other.

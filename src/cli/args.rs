@@ -22,8 +22,33 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub json: bool,
 
+    /// When another process is writing to the store, wait for it to finish (at most
+    /// SECONDS, if given) instead of failing at once. Reading commands never wait:
+    /// they read beside a writer.
+    #[arg(
+        long,
+        global = true,
+        value_name = "SECONDS",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "forever",
+        value_parser = parse_wait
+    )]
+    pub wait: Option<std::time::Duration>,
+
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// `--wait`'s value: seconds (fractions allowed), or `forever` when given bare.
+fn parse_wait(s: &str) -> Result<std::time::Duration, String> {
+    if s == "forever" {
+        return Ok(std::time::Duration::MAX);
+    }
+    s.parse::<f64>()
+        .ok()
+        .and_then(|secs| std::time::Duration::try_from_secs_f64(secs).ok())
+        .ok_or_else(|| format!("{s:?} is not a number of seconds"))
 }
 
 /// The subcommands.

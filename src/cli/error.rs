@@ -102,7 +102,13 @@ pub fn exit_code_for(e: &cambium::Error) -> i32 {
 
 impl From<cambium::Error> for CliError {
     fn from(e: cambium::Error) -> Self {
-        CliError::new(exit_code_for(&e), e.to_string())
+        let hint = match &e {
+            cambium::Error::Locked { .. } => {
+                "; reading commands work beside it, and --wait[=SECONDS] waits for it"
+            }
+            _ => "",
+        };
+        CliError::new(exit_code_for(&e), format!("{e}{hint}"))
     }
 }
 

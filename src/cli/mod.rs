@@ -99,6 +99,7 @@ fn dispatch(cli: Cli) -> CliResult {
         json: cli.json,
         committed: std::cell::RefCell::new(None),
     };
+    open::set_lock_wait(cli.wait);
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let result = match &cli.command {

@@ -6,8 +6,19 @@ use super::error::{exit_code_for, CliError, CliResult};
 use super::Ctx;
 use cambium::{Options, ReadTxn, Store, WriteTxn};
 use std::path::Path;
+use std::time::Duration;
 
-/// Opens a store for reading only (a shared lock; no background work).
+/// How long a writing command waits for another writer (`--wait`); set once, at
+/// the start.
+static LOCK_WAIT: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+
+/// Sets how long writing commands wait for another process's writer.
+pub fn set_lock_wait(wait: Option<Duration>) {
+    let _ = LOCK_WAIT.set(wait);
+}
+
+/// Opens a store for reading only: nothing is created or written, and a writer in
+/// another process neither blocks it nor is blocked by it.
 pub fn open_read_only(dir: &Path) -> Result<Store, cambium::Error> {
     Store::open_with(
         dir,
@@ -30,10 +41,12 @@ pub fn create(dir: &Path) -> Result<Store, cambium::Error> {
     Store::create_with(dir, writable())
 }
 
-/// The options a command writes with: no background checkpoint thread.
+/// The options a command writes with: no background checkpoint thread, and the
+/// `--wait` given.
 fn writable() -> Options {
     Options {
         background_checkpoints: false,
+        lock_wait: LOCK_WAIT.get().copied().flatten(),
         ..Default::default()
     }
 }

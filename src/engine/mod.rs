@@ -199,7 +199,7 @@ pub(crate) struct Shared {
     pub bg_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     pub closed: Mutex<bool>,
     /// The process lock on the store directory, held as long as the engine lives.
-    pub _process_lock: Box<dyn Send + Sync>,
+    pub _process_lock: Arc<dyn crate::io::StoreLock>,
 }
 
 /// Whether a store whose live data is `live_bytes` keeps its trees pinned in memory

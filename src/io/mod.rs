@@ -12,6 +12,7 @@
 //! - a write that was not synced may be lost entirely or partially (torn at any
 //!   512-byte boundary); writes that were synced are never lost or torn.
 
+mod lock_file;
 mod reserve;
 pub mod sim;
 mod std_vfs;
@@ -19,6 +20,7 @@ mod std_vfs;
 pub use reserve::{reserve_for, RESERVE_BYTES, RESERVE_FILE, RESERVE_MIN_BYTES};
 pub(crate) use reserve::{Reserve, ReserveVfs};
 
+pub use lock_file::LOCK_FILE;
 pub use std_vfs::StdVfs;
 
 use std::io;
@@ -60,7 +62,36 @@ pub trait Vfs: Send + Sync {
     fn list(&self) -> io::Result<Vec<String>>;
     /// Makes file creations, renames and removals durable.
     fn sync_dir(&self) -> io::Result<()>;
-    /// Takes the store's process lock: exclusive for a writable open, shared for a
-    /// read-only one. Held until the returned guard is dropped.
-    fn lock(&self, exclusive: bool) -> io::Result<Box<dyn Send + Sync>>;
+    /// Takes the store's inter-process lock of `kind`, held until the returned guard
+    /// is dropped. Fails at once with `WouldBlock` if another process holds the
+    /// writer lock and `kind` is [`LockKind::Writer`]; readers never wait.
+    fn lock(&self, kind: LockKind) -> io::Result<Box<dyn StoreLock>>;
+    /// The PID of the process that holds (or last held) the writer lock, if known.
+    fn lock_holder(&self) -> Option<u32> {
+        None
+    }
+    /// The last LSN whose log record the writer has published as durable
+    /// ([`StoreLock::publish_synced`]); `None` when nothing is published (no writer
+    /// has run since the file system was mounted, or the writer is still replaying):
+    /// then every valid record counts.
+    fn published_synced(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// The two kinds of store lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockKind {
+    /// The one writing process of a store (a writable open).
+    Writer,
+    /// A read-only open; any number of them, beside the writer.
+    Reader,
+}
+
+/// A held store lock.
+pub trait StoreLock: Send + Sync {
+    /// Writer only: tells readers in other processes that every log record up to
+    /// `lsn` is durable (they replay no further). Called after each log sync, before
+    /// the commits it covers are acknowledged.
+    fn publish_synced(&self, lsn: u64) -> io::Result<()>;
 }

@@ -12,7 +12,7 @@
 //! closed, [`Reserve::restore`] allocates the file again if there is room (else the
 //! next close tries again).
 
-use super::{VFile, Vfs};
+use super::{LockKind, StoreLock, VFile, Vfs};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -200,7 +200,15 @@ impl Vfs for ReserveVfs {
         retry_full(&self.reserve, || self.inner.sync_dir())
     }
 
-    fn lock(&self, exclusive: bool) -> io::Result<Box<dyn Send + Sync>> {
-        self.inner.lock(exclusive)
+    fn lock(&self, kind: LockKind) -> io::Result<Box<dyn StoreLock>> {
+        self.inner.lock(kind)
+    }
+
+    fn lock_holder(&self) -> Option<u32> {
+        self.inner.lock_holder()
+    }
+
+    fn published_synced(&self) -> Option<u64> {
+        self.inner.published_synced()
     }
 }

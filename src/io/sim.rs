@@ -30,7 +30,7 @@
 //! durable and current state of files and namespace, and the functions that move
 //! between them must be read together. Its tests are in `sim_tests.rs`.
 
-use super::{VFile, Vfs};
+use super::{LockKind, StoreLock, VFile, Vfs};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
@@ -48,6 +48,9 @@ pub struct SimVfs {
 
 struct Shared {
     inner: Mutex<Inner>,
+    /// What the writer published through its lock (memory only, like the page
+    /// cache: a new image after a crash starts with nothing published).
+    published: Mutex<Option<u64>>,
 }
 
 #[derive(Clone, Debug)]
@@ -365,6 +368,7 @@ impl SimVfs {
         SimVfs {
             shared: Arc::new(Shared {
                 inner: Mutex::new(inner),
+                published: Mutex::new(None),
             }),
         }
     }
@@ -578,6 +582,17 @@ impl SimVfs {
     }
 }
 
+/// A lock on the simulated store (no exclusion between processes: tests open one
+/// store at a time); the writer's publishes what readers may replay.
+struct SimLock(Arc<Shared>);
+
+impl StoreLock for SimLock {
+    fn publish_synced(&self, lsn: u64) -> io::Result<()> {
+        *self.0.published.lock().unwrap_or_else(|e| e.into_inner()) = Some(lsn);
+        Ok(())
+    }
+}
+
 struct SimFile {
     shared: Arc<Shared>,
     id: u64,
@@ -768,9 +783,24 @@ impl Vfs for SimVfs {
         Ok(())
     }
 
-    fn lock(&self, _exclusive: bool) -> io::Result<Box<dyn Send + Sync>> {
+    fn lock(&self, kind: LockKind) -> io::Result<Box<dyn StoreLock>> {
         self.lock_inner().check_alive()?;
-        Ok(Box::new(()))
+        if kind == LockKind::Writer {
+            *self
+                .shared
+                .published
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = None;
+        }
+        Ok(Box::new(SimLock(self.shared.clone())))
+    }
+
+    fn published_synced(&self) -> Option<u64> {
+        *self
+            .shared
+            .published
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 }
 

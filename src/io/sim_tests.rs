@@ -208,7 +208,7 @@ fn old_handles_fail_after_crash() {
     assert!(other.list().is_err());
     assert!(other.exists("a").is_err());
     assert!(other.sync_dir().is_err());
-    assert!(other.lock(true).is_err());
+    assert!(other.lock(super::LockKind::Writer).is_err());
     let err = f.sync().unwrap_err();
     assert!(err.to_string().contains("simulated power loss"));
     // The new image is independent and usable.

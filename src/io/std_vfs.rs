@@ -1,6 +1,6 @@
 //! The real file system backend: one directory, positional I/O, fdatasync.
 
-use super::{VFile, Vfs};
+use super::{lock_file, LockKind, StoreLock, VFile, Vfs};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -11,6 +11,9 @@ use std::sync::Arc;
 #[derive(Debug, Clone)]
 pub struct StdVfs {
     dir: PathBuf,
+    /// Files are opened read-only and nothing is created, renamed or removed: a
+    /// read-only open works without write permission and changes nothing.
+    read_only: bool,
 }
 
 impl StdVfs {
@@ -18,7 +21,27 @@ impl StdVfs {
     pub fn new(dir: impl AsRef<Path>) -> Self {
         StdVfs {
             dir: dir.as_ref().to_path_buf(),
+            read_only: false,
         }
+    }
+
+    /// A backend that only reads the directory `dir`.
+    pub fn read_only(dir: impl AsRef<Path>) -> Self {
+        StdVfs {
+            dir: dir.as_ref().to_path_buf(),
+            read_only: true,
+        }
+    }
+
+    /// Refuses a change to the directory on a read-only backend.
+    fn check_writable(&self, op: &str, name: &str) -> io::Result<()> {
+        if self.read_only {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{op} {name}: the store is open read-only"),
+            ));
+        }
+        Ok(())
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -50,11 +73,12 @@ impl Vfs for StdVfs {
     fn open(&self, name: &str) -> io::Result<Arc<dyn VFile>> {
         let file = OpenOptions::new()
             .read(true)
-            .write(true)
+            .write(!self.read_only)
             .open(self.path(name))?;
         Ok(Arc::new(StdFile(file)))
     }
     fn create(&self, name: &str) -> io::Result<Arc<dyn VFile>> {
+        self.check_writable("create", name)?;
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -63,9 +87,11 @@ impl Vfs for StdVfs {
         Ok(Arc::new(StdFile(file)))
     }
     fn remove(&self, name: &str) -> io::Result<()> {
+        self.check_writable("remove", name)?;
         std::fs::remove_file(self.path(name))
     }
     fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        self.check_writable("rename", from)?;
         std::fs::rename(self.path(from), self.path(to))
     }
     fn exists(&self, name: &str) -> io::Result<bool> {
@@ -81,27 +107,16 @@ impl Vfs for StdVfs {
         Ok(names)
     }
     fn sync_dir(&self) -> io::Result<()> {
+        self.check_writable("sync", ".")?;
         File::open(&self.dir)?.sync_all()
     }
-    fn lock(&self, exclusive: bool) -> io::Result<Box<dyn Send + Sync>> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(self.path("LOCK"))?;
-        let taken = if exclusive {
-            file.try_lock()
-        } else {
-            file.try_lock_shared()
-        };
-        match taken {
-            Ok(()) => Ok(Box::new(file)),
-            Err(std::fs::TryLockError::WouldBlock) => Err(io::Error::new(
-                io::ErrorKind::WouldBlock,
-                "the store is in use by another process",
-            )),
-            Err(std::fs::TryLockError::Error(e)) => Err(e),
-        }
+    fn lock(&self, kind: LockKind) -> io::Result<Box<dyn StoreLock>> {
+        lock_file::lock(&self.dir, kind)
+    }
+    fn lock_holder(&self) -> Option<u32> {
+        lock_file::read_record(&self.dir).map(|(pid, _)| pid)
+    }
+    fn published_synced(&self) -> Option<u64> {
+        lock_file::published_synced(&self.dir)
     }
 }

@@ -33,7 +33,7 @@ pub(crate) use payload::{BatchWriter, Op, Record, VersionOp};
 
 use crate::error::{Error, Result};
 use crate::format::Lsn;
-use crate::io::{VFile, Vfs};
+use crate::io::{StoreLock, VFile, Vfs};
 use crate::space::Segments;
 use crate::sync::lock;
 use record::RecordHeader;
@@ -67,12 +67,15 @@ pub(crate) struct Wal {
     vfs: Arc<dyn Vfs>,
     state: Mutex<State>,
     synced: Condvar,
+    /// Tells readers in other processes how far the log is durable.
+    publisher: Arc<dyn StoreLock>,
 }
 
 impl Wal {
     /// A log that will write generation `gen`, whose first record follows `last_lsn`.
     pub(crate) fn new(
         vfs: Arc<dyn Vfs>,
+        publisher: Arc<dyn StoreLock>,
         gen: u64,
         last_lsn: Lsn,
         bytes_since_checkpoint: u64,
@@ -93,6 +96,7 @@ impl Wal {
             vfs,
             state: Mutex::new(state),
             synced: Condvar::new(),
+            publisher,
         }
     }
 
@@ -176,7 +180,9 @@ impl Wal {
                 Err(e) => Err(e),
             };
             st.sync_in_flight = false;
-            match result {
+            // Published before any committer waiting on this sync returns: a reader in
+            // another process then sees every acknowledged commit, and no other.
+            match result.and_then(|()| Ok(self.publisher.publish_synced(target.0)?)) {
                 Ok(()) => st.synced_lsn = st.synced_lsn.max(target),
                 Err(e) => st.failed = Some(e.to_string()),
             }
