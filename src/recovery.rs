@@ -66,21 +66,14 @@ fn is_store_file(name: &str) -> bool {
 /// leaves no store, only files that the next `create` recognises by
 /// [`INIT_MARKER`] and removes. A failed creation removes what it wrote.
 pub(crate) fn create(vfs: &Arc<dyn Vfs>, label: &str) -> Result<()> {
+    // Checked before the lock too, so that a refusal leaves the directory as it was
+    // (the lock creates `LOCK`); and again under it, against a racing `create`.
+    check_creatable(&**vfs, label)?;
     let _guard = take_writer_lock(&**vfs, None)?;
-    if vfs.exists(superblock::FILE_NAME)? {
-        return Err(Error::AlreadyExists(label.to_owned()));
-    }
-    let names = vfs.list()?;
+    let names = check_creatable(&**vfs, label)?;
     let interrupted = names.iter().any(|n| n == INIT_MARKER);
     let leftovers: Vec<&String> = names.iter().filter(|n| is_store_file(n)).collect();
     if !interrupted {
-        if let Some(first) = leftovers.first() {
-            return Err(Error::InvalidArgument(format!(
-                "{label} holds store files ({first} and {} more) but no superblock: a \
-                 damaged store, not an interrupted init; move them away to create a store here",
-                leftovers.len() - 1
-            )));
-        }
         vfs.create(INIT_MARKER)?;
         vfs.sync_dir()?;
     }
@@ -97,6 +90,26 @@ pub(crate) fn create(vfs: &Arc<dyn Vfs>, label: &str) -> Result<()> {
         let _ = vfs.sync_dir();
     }
     written
+}
+
+/// Refuses to create a store where one is, or where store files lie that no
+/// interrupted creation explains; returns the directory's file names.
+fn check_creatable(vfs: &dyn Vfs, label: &str) -> Result<Vec<String>> {
+    if vfs.exists(superblock::FILE_NAME)? {
+        return Err(Error::AlreadyExists(label.to_owned()));
+    }
+    let names = vfs.list()?;
+    if !names.iter().any(|n| n == INIT_MARKER) {
+        let leftovers: Vec<&String> = names.iter().filter(|n| is_store_file(n)).collect();
+        if let Some(first) = leftovers.first() {
+            return Err(Error::InvalidArgument(format!(
+                "{label} holds store files ({first} and {} more) but no superblock: a \
+                 damaged store, not an interrupted init; move them away to create a store here",
+                leftovers.len() - 1
+            )));
+        }
+    }
+    Ok(names)
 }
 
 /// The body of [`create`]: removes an interrupted creation's `leftovers`, then writes

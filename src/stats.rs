@@ -59,6 +59,9 @@ pub struct Stats {
     pub wal_bytes: u64,
     /// WAL files on disk.
     pub wal_files: u64,
+    /// Bytes of the retired log file kept for the next generation to reuse
+    /// (`wal-spare.log`; cut back to 4 MiB at each checkpoint).
+    pub wal_spare_bytes: u64,
     /// Page cache budget in bytes.
     pub cache_capacity_bytes: u64,
     /// Bytes of nodes held in the page cache.
@@ -122,6 +125,7 @@ pub(crate) fn collect(shared: &Shared) -> Result<Stats> {
     s.dead_bytes = s.segment_bytes.saturating_sub(s.live_bytes);
     s.wal_files = wal::generations(&*shared.vfs, 0)?.len() as u64;
     s.wal_bytes = shared.wal.bytes_since_checkpoint();
+    s.wal_spare_bytes = wal::spare_bytes(&*shared.vfs)?;
     s.footprint_bytes = crate::clean::footprint(shared)?;
     {
         let b = lock(&shared.backrefs);

@@ -66,7 +66,7 @@ fn stats_text(dir: &Path, s: &Stats) -> String {
          versions           {versions}\n\
          {main}\
          segments           {segments}, {segment_bytes} (live {live}, dead {dead})\n\
-         wal                {wal_files}, {wal_bytes} not yet checkpointed\n\
+         wal                {wal_files}, {wal_bytes} not yet checkpointed, {wal_spare} spare\n\
          footprint          {footprint} on disk (segments, WAL, reserve, back references)\n\
          back references    {backref_records}, {backref_runs}, {backref_bytes}\n\
          cache              {cache_bytes} of {cache_cap}, hit rate {rate:.1}% ({hits}, {misses})\n",
@@ -83,6 +83,7 @@ fn stats_text(dir: &Path, s: &Stats) -> String {
         dead = human_bytes(s.dead_bytes),
         wal_files = plural(s.wal_files, "file", "files"),
         wal_bytes = human_bytes(s.wal_bytes),
+        wal_spare = human_bytes(s.wal_spare_bytes),
         footprint = human_bytes(s.footprint_bytes),
         backref_records = plural(s.backref_records, "record", "records"),
         backref_runs = plural(s.backref_runs, "run", "runs"),

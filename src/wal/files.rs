@@ -6,6 +6,7 @@
 
 use super::payload::Record;
 use super::record::read_log;
+use super::PREALLOC_BYTES;
 use crate::error::{Error, Result};
 use crate::format::Lsn;
 use crate::io::{VFile, Vfs};
@@ -42,7 +43,9 @@ pub(crate) fn generations(vfs: &dyn Vfs, first: u64) -> Result<Vec<u64>> {
 }
 
 /// Deletes generations older than `first_live`, keeping one as the spare the next
-/// generation reuses. Called once the superblock that no longer needs them is durable.
+/// generation reuses, cut back to a new file's preallocated size (a big batch's log
+/// must not hold its size for good). Called once the superblock that no longer
+/// needs them is durable.
 pub(crate) fn remove_below(vfs: &dyn Vfs, first_live: u64) -> Result<()> {
     let mut removed = false;
     let mut have_spare = vfs.exists(SPARE_FILE)?;
@@ -60,7 +63,22 @@ pub(crate) fn remove_below(vfs: &dyn Vfs, first_live: u64) -> Result<()> {
     if removed {
         vfs.sync_dir()?;
     }
+    if have_spare {
+        // No sync: a crash that brings the old length back costs only disk space.
+        let spare = vfs.open(SPARE_FILE)?;
+        if spare.len()? > PREALLOC_BYTES as u64 {
+            spare.set_len(PREALLOC_BYTES as u64)?;
+        }
+    }
     Ok(())
+}
+
+/// The spare log file's size (0 without one).
+pub(crate) fn spare_bytes(vfs: &dyn Vfs) -> Result<u64> {
+    if !vfs.exists(SPARE_FILE)? {
+        return Ok(0);
+    }
+    Ok(vfs.open(SPARE_FILE)?.len()?)
 }
 
 /// One record read back from the log.

@@ -28,7 +28,9 @@ mod files;
 mod payload;
 mod record;
 
-pub(crate) use files::{file_name, generations, remove_below, Generations, SPARE_FILE};
+pub(crate) use files::{
+    file_name, generations, remove_below, spare_bytes, Generations, SPARE_FILE,
+};
 pub(crate) use payload::{BatchWriter, Op, Record, VersionOp};
 
 use crate::error::{Error, Result};
@@ -42,7 +44,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 /// A new log file (when no spare exists) is filled with this many zero bytes first,
 /// so that commits overwrite blocks the file already owns (see [`SPARE_FILE`]). Zeros
 /// read as the end of the log (a record is at least a batch header long).
-const PREALLOC_BYTES: usize = 4 << 20;
+pub(crate) const PREALLOC_BYTES: usize = 4 << 20;
 
 struct State {
     gen: u64,
