@@ -424,8 +424,13 @@ fn write_meta(
     }
 }
 
-/// Writes one level's dirty nodes in large appends and records their addresses.
-fn write_level(shared: &Shared, nodes: &[Arc<Node>], written: &mut SpaceDelta) -> Result<()> {
+/// Writes one level's dirty nodes in large appends and records their addresses (a
+/// large transaction's spill writes its own nodes with it too).
+pub(crate) fn write_level(
+    shared: &Shared,
+    nodes: &[Arc<Node>],
+    written: &mut SpaceDelta,
+) -> Result<()> {
     let mut buf = Vec::with_capacity(WRITE_CHUNK_BYTES + crate::btree::node::NODE_MAX * 2);
     let mut pending: Vec<(&Arc<Node>, usize, usize)> = Vec::new();
     for node in nodes {

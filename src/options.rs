@@ -14,6 +14,10 @@ pub struct Options {
     pub checkpoint_wal_bytes: u64,
     /// Checkpoint when this many bytes of nodes are dirty.
     pub checkpoint_dirty_bytes: u64,
+    /// A write transaction whose own dirty nodes pass this many bytes writes them
+    /// out to the segments before it commits (it then commits by checkpoint, as a
+    /// large one does), so its memory stays bounded whatever its size.
+    pub txn_dirty_bytes: u64,
     /// Checkpoint at least this often while there is anything to write.
     pub checkpoint_interval: Option<Duration>,
     /// Run checkpoints on a background thread (otherwise the committing thread runs
@@ -46,6 +50,7 @@ impl Default for Options {
             cache_bytes: 256 << 20,
             checkpoint_wal_bytes: 64 << 20,
             checkpoint_dirty_bytes: 256 << 20,
+            txn_dirty_bytes: 256 << 20,
             checkpoint_interval: Some(Duration::from_secs(30)),
             background_checkpoints: true,
             read_only: false,
@@ -63,6 +68,7 @@ impl std::fmt::Debug for Options {
             .field("cache_bytes", &self.cache_bytes)
             .field("checkpoint_wal_bytes", &self.checkpoint_wal_bytes)
             .field("checkpoint_dirty_bytes", &self.checkpoint_dirty_bytes)
+            .field("txn_dirty_bytes", &self.txn_dirty_bytes)
             .field("checkpoint_interval", &self.checkpoint_interval)
             .field("background_checkpoints", &self.background_checkpoints)
             .field("read_only", &self.read_only)

@@ -12,6 +12,9 @@
 //!                    large (> LARGE_TXN_BYTES of ops): no WAL record; a checkpoint
 //!                           under the writer lock makes it durable → roots published
 //! ```
+//! A transaction whose own dirty nodes pass `Options::txn_dirty_bytes` becomes large
+//! too, and writes them out at once ([`spill`]): its memory stays bounded whatever
+//! its size.
 //! A failure inside `put`/`delete` (an I/O or checksum error while reading the tree)
 //! fails the whole transaction: `commit` then refuses and nothing of it is applied.
 
@@ -28,6 +31,8 @@ use crate::options::Durability;
 use crate::wal::{BatchWriter, Op};
 use std::ops::{Bound, RangeBounds};
 use std::sync::{Arc, MutexGuard};
+
+mod spill;
 
 /// A transaction whose logged operations pass this size commits by checkpoint
 /// instead of through the WAL: its data is written once, into nodes, not twice.
@@ -52,6 +57,12 @@ pub struct WriteTxn<'s> {
     ops: u32,
     durability: Durability,
     failed: Option<String>,
+    /// `changes.copied_written_bytes()` at the last spill. What the transaction holds
+    /// in memory since is about the copies of written nodes it made since, plus the
+    /// entries it added since (`grown_bytes`); splits only move entries around.
+    spilled_through: u64,
+    /// Bytes of entries added since the last spill.
+    grown_bytes: u64,
 }
 
 impl std::fmt::Debug for WriteTxn<'_> {
@@ -87,6 +98,8 @@ impl<'s> WriteTxn<'s> {
             ops: 0,
             durability: Durability::Immediate,
             failed: None,
+            spilled_through: 0,
+            grown_bytes: 0,
         })
     }
 
@@ -122,7 +135,7 @@ impl<'s> WriteTxn<'s> {
         };
         self.apply(&op)?;
         self.log(&op);
-        Ok(())
+        self.spill_if_due()
     }
 
     /// Deletes `key`; returns whether it was present.
@@ -134,6 +147,7 @@ impl<'s> WriteTxn<'s> {
         if existed {
             self.log(&op);
         }
+        self.spill_if_due()?;
         Ok(existed)
     }
 
@@ -160,6 +174,28 @@ impl<'s> WriteTxn<'s> {
         result
     }
 
+    /// Writes the transaction's dirty nodes out once they pass the budget. From then
+    /// on it is large: it commits by checkpoint, which needs no WAL record naming its
+    /// operations (a spilled node is only durable once a checkpoint references it). A
+    /// failure fails the whole transaction.
+    fn spill_if_due(&mut self) -> Result<()> {
+        let dirty = self.changes.copied_written_bytes() - self.spilled_through + self.grown_bytes;
+        if dirty <= self.shared.opts.txn_dirty_bytes {
+            return Ok(());
+        }
+        self.batch = None;
+        let w = self
+            .guard
+            .as_deref()
+            .expect("an open transaction holds the writer lock");
+        let spilled = spill::spill(self.shared, &w.refs, w.epoch, &mut self.root)
+            .inspect_err(|e| self.fail(e))?;
+        self.changes.record_written(spilled.written, spilled.edges);
+        self.spilled_through = self.changes.copied_written_bytes();
+        self.grown_bytes = 0;
+        Ok(())
+    }
+
     fn fail(&mut self, e: &Error) {
         if self.failed.is_none() {
             self.failed = Some(e.to_string());
@@ -168,6 +204,7 @@ impl<'s> WriteTxn<'s> {
 
     fn log(&mut self, op: &Op<'_>) {
         self.ops += 1;
+        self.grown_bytes += op_bytes(op);
         if let Some(batch) = &mut self.batch {
             batch.push(op);
             if batch.payload_len() > LARGE_TXN_BYTES {
@@ -236,6 +273,17 @@ impl Drop for WriteTxn<'_> {
             set_root(&mut guard, self.version, self.base.take());
         }
     }
+}
+
+/// About the bytes `op` adds to a leaf: its key, its inline value or extent
+/// reference, and the entry's framing.
+fn op_bytes(op: &Op<'_>) -> u64 {
+    let bytes = match *op {
+        Op::Put { key, value } => key.len() + value.len() + 8,
+        Op::PutExtent { key, .. } => key.len() + 24,
+        Op::Delete { .. } => 0,
+    };
+    bytes as u64
 }
 
 /// Sets the root of branch `id`, which an open transaction keeps in the catalog.

@@ -40,6 +40,9 @@ pub(crate) struct WriteCtx<'a> {
     pub superseded: &'a mut Vec<Arc<Node>>,
     /// Bytes of nodes this transaction made dirty.
     pub dirtied_bytes: &'a mut u64,
+    /// Of those, bytes of copies of written nodes: memory holding entries that were
+    /// on disk (the rest of a transaction's dirty memory is the entries it added).
+    pub copied_written_bytes: &'a mut u64,
     /// Whether copies keep in-memory children linked (the store fits its cache).
     pub keep_pinned: bool,
     /// The committed reference counts.
@@ -197,6 +200,7 @@ pub(crate) fn shadow<'c>(slot: &'c mut Child, ctx: &mut WriteCtx<'_>) -> Result<
             } else {
                 ctx.free_written(r);
             }
+            *ctx.copied_written_bytes += node.size as u64;
             Some(ctx.copy(&node))
         }
         Target::Mem(arc) => {

@@ -8,6 +8,7 @@ use super::open::{begin, check_name, with_writable, Target};
 use super::output::spinner;
 use super::Ctx;
 use cambium::{check_key, Durability, Store, WriteTxn};
+use std::borrow::Cow;
 use std::io::{BufRead, Write};
 use std::path::Path;
 
@@ -45,14 +46,15 @@ fn run_batch(
 ) -> CliResult {
     let mut txn = begin_immediate(store, target)?;
     let (mut total, mut pending, mut printed) = (0u64, 0u64, false);
-    let mut line_no: u64 = 0;
+    let mut line_no: u64 = 1;
     let mut buf = Vec::new();
-    while let Some(line) = next_line(&mut input, &mut buf)? {
+    while let Some(line) = next_line(&mut input, &mut buf, ctx.enc, line_no)? {
+        let this = line_no;
         line_no += 1;
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        apply_line(&mut txn, ctx.enc, line, line_no)?;
+        apply_line(&mut txn, ctx.enc, line, this)?;
         total += 1;
         pending += 1;
         pb.inc(1);
@@ -79,14 +81,72 @@ fn begin_immediate<'s>(store: &'s Store, target: Target<'_>) -> CliResult<WriteT
     Ok(txn)
 }
 
+/// The longest line `batch` accepts: `put`, a tab, the longest key, a tab, the
+/// longest value and a CR LF ending; with `--hex` each key and value byte is two
+/// digits. A longer line cannot be valid, so it is refused as soon as it passes
+/// this, without buffering the rest of it.
+fn max_line_len(enc: Encoding) -> usize {
+    let digits = digits_per_byte(enc);
+    "put\t".len() + digits * (cambium::MAX_KEY_LEN + cambium::MAX_VALUE_LEN) + "\t\r".len()
+}
+
+/// Input characters per key or value byte.
+fn digits_per_byte(enc: Encoding) -> usize {
+    match enc {
+        Encoding::Hex => 2,
+        Encoding::Text => 1,
+    }
+}
+
+/// The most bytes the line read so far into `buf` may have: once its key has ended
+/// (a second tab within the longest operation and key), the value's start plus the
+/// longest value and a CR; before that, `max`.
+fn line_limit(buf: &[u8], max: usize, value_digits: usize) -> usize {
+    let head = &buf[..buf.len().min(max - value_digits * cambium::MAX_VALUE_LEN)];
+    match head.iter().enumerate().filter(|(_, &b)| b == b'\t').nth(1) {
+        Some((tab, _)) => tab + 1 + value_digits * cambium::MAX_VALUE_LEN + 1,
+        None => max,
+    }
+}
+
 /// The next line of `input` without its line ending (`\n` or `\r\n`), read into
-/// `buf`; `None` at the end of the input.
-fn next_line<'b>(input: &mut impl BufRead, buf: &'b mut Vec<u8>) -> CliResult<Option<&'b [u8]>> {
+/// `buf`; `None` at the end of the input. A line longer than `max` bytes is refused
+/// (naming it by `line_no`) once `max` bytes of it are read: memory never holds more
+/// than one valid line.
+fn next_line<'b>(
+    input: &mut impl BufRead,
+    buf: &'b mut Vec<u8>,
+    enc: Encoding,
+    line_no: u64,
+) -> CliResult<Option<&'b [u8]>> {
+    let (max, value_digits) = (max_line_len(enc), digits_per_byte(enc));
     buf.clear();
-    let n = input
-        .read_until(b'\n', buf)
-        .map_err(|e| CliError::failure(format!("reading stdin: {e}")))?;
-    if n == 0 {
+    let mut ended = false;
+    while !ended {
+        let chunk = input
+            .fill_buf()
+            .map_err(|e| CliError::failure(format!("reading stdin: {e}")))?;
+        if chunk.is_empty() {
+            break;
+        }
+        let (take, newline) = match chunk.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (chunk.len(), false),
+        };
+        // The line ending does not count against the limit.
+        if buf.len() + take - usize::from(newline) > line_limit(buf, max, value_digits) {
+            return Err(CliError::failure(format!(
+                "line {line_no}: longer than the longest valid line ({max} bytes: a \
+                 {}-byte key and a {}-byte value)",
+                cambium::MAX_KEY_LEN,
+                cambium::MAX_VALUE_LEN
+            )));
+        }
+        buf.extend_from_slice(&chunk[..take]);
+        input.consume(take);
+        ended = newline;
+    }
+    if buf.is_empty() {
         return Ok(None);
     }
     let mut line = buf.as_slice();
@@ -121,25 +181,24 @@ fn print_committed(ctx: &Ctx, out: &mut impl Write, ops: u64) -> CliResult {
     out.flush().map_err(output_error)
 }
 
-/// One parsed batch line.
+/// One parsed batch line. Text fields borrow the line (a value may be as long as
+/// the line itself: it is not copied); hex fields are decoded.
 #[derive(Debug, PartialEq, Eq)]
-enum Op {
-    Put(Vec<u8>, Vec<u8>),
-    Del(Vec<u8>),
+enum Op<'l> {
+    Put(Cow<'l, [u8]>, Cow<'l, [u8]>),
+    Del(Cow<'l, [u8]>),
 }
 
 /// Parses one non-blank batch line (without its line ending): `put<TAB>KEY<TAB>VALUE`
 /// or `del<TAB>KEY`.
-fn parse_batch_line(enc: Encoding, line: &[u8]) -> Result<Op, String> {
+fn parse_batch_line(enc: Encoding, line: &[u8]) -> Result<Op<'_>, String> {
     let text = std::str::from_utf8(line).map_err(|e| format!("not valid UTF-8 ({e})"))?;
     let fields: Vec<&str> = text.split('\t').collect();
     match fields[0] {
         "put" => {
             expect_fields(&fields, 3, "put, key, value")?;
             let key = decode_key(enc, fields[1])?;
-            let value = enc
-                .decode(fields[2].as_bytes())
-                .map_err(|e| format!("bad value: {e}"))?;
+            let value = decode_field(enc, fields[2]).map_err(|e| format!("bad value: {e}"))?;
             Ok(Op::Put(key, value))
         }
         "del" => {
@@ -164,11 +223,17 @@ fn expect_fields(fields: &[&str], n: usize, names: &str) -> Result<(), String> {
     ))
 }
 
+/// A key or value field's bytes: the field itself in text mode, decoded with `--hex`.
+fn decode_field(enc: Encoding, field: &str) -> Result<Cow<'_, [u8]>, String> {
+    match enc {
+        Encoding::Text => Ok(Cow::Borrowed(field.as_bytes())),
+        Encoding::Hex => enc.decode(field.as_bytes()).map(Cow::Owned),
+    }
+}
+
 /// Decodes and checks a key field.
-fn decode_key(enc: Encoding, field: &str) -> Result<Vec<u8>, String> {
-    let key = enc
-        .decode(field.as_bytes())
-        .map_err(|e| format!("bad key: {e}"))?;
+fn decode_key(enc: Encoding, field: &str) -> Result<Cow<'_, [u8]>, String> {
+    let key = decode_field(enc, field).map_err(|e| format!("bad key: {e}"))?;
     if key.is_empty() {
         return Err("empty key".to_string());
     }
@@ -182,15 +247,20 @@ mod tests {
 
     #[test]
     fn parses_put_and_del() {
-        let parse = |line: &[u8]| parse_batch_line(Encoding::Text, line);
+        fn parse(line: &[u8]) -> Result<Op<'_>, String> {
+            parse_batch_line(Encoding::Text, line)
+        }
         assert_eq!(
             parse(b"put\tk\tv"),
-            Ok(Op::Put(b"k".to_vec(), b"v".to_vec()))
+            Ok(Op::Put(b"k"[..].into(), b"v"[..].into()))
         );
-        assert_eq!(parse(b"put\tk\t"), Ok(Op::Put(b"k".to_vec(), Vec::new())));
-        assert_eq!(parse(b"del\tk"), Ok(Op::Del(b"k".to_vec())));
+        assert_eq!(
+            parse(b"put\tk\t"),
+            Ok(Op::Put(b"k"[..].into(), b""[..].into()))
+        );
+        assert_eq!(parse(b"del\tk"), Ok(Op::Del(b"k"[..].into())));
         let hex = parse_batch_line(Encoding::Hex, b"put\t00ff\t0a");
-        assert_eq!(hex, Ok(Op::Put(vec![0, 0xff], vec![0x0a])));
+        assert_eq!(hex, Ok(Op::Put(vec![0, 0xff].into(), vec![0x0a].into())));
     }
 
     #[test]
@@ -212,5 +282,29 @@ mod tests {
         assert!(err(b"put\t\xff\tv").starts_with("not valid UTF-8"));
         let long = format!("del\t{}", "k".repeat(cambium::MAX_KEY_LEN + 1));
         assert!(err(long.as_bytes()).contains("2049"));
+    }
+
+    #[test]
+    fn a_line_is_limited_by_its_value_once_its_key_has_ended() {
+        let max = max_line_len(Encoding::Text);
+        assert_eq!(max, 4 + cambium::MAX_KEY_LEN + cambium::MAX_VALUE_LEN + 2);
+        assert_eq!(line_limit(b"put\tkey", max, 1), max);
+        let value_limit = 8 + cambium::MAX_VALUE_LEN + 1;
+        assert_eq!(line_limit(b"put\tkey\tvalue", max, 1), value_limit);
+        let hex_max = max_line_len(Encoding::Hex);
+        assert_eq!(
+            line_limit(b"put\t6b\t", hex_max, 2),
+            7 + 2 * cambium::MAX_VALUE_LEN + 1
+        );
+    }
+
+    #[test]
+    fn an_over_long_line_is_refused_with_its_number() {
+        let max = max_line_len(Encoding::Text);
+        let mut input = std::io::Cursor::new(vec![b'k'; max + 2]);
+        let mut buf = Vec::new();
+        let err = next_line(&mut input, &mut buf, Encoding::Text, 7).unwrap_err();
+        assert!(err.to_string().contains("line 7: longer than"), "{err}");
+        assert!(buf.len() <= max);
     }
 }

@@ -36,6 +36,8 @@ pub(crate) struct Changes {
     superseded: Vec<Arc<Node>>,
     /// Bytes of nodes made dirty.
     dirtied_bytes: u64,
+    /// Of those, bytes of copies of written nodes.
+    copied_written_bytes: u64,
     /// Back references ended by the written nodes freed.
     backrefs: WriteStore,
     /// Written nodes copied while shared (see `WriterState::unshared`).
@@ -56,12 +58,26 @@ impl Changes {
             delta: &mut self.delta,
             superseded: &mut self.superseded,
             dirtied_bytes: &mut self.dirtied_bytes,
+            copied_written_bytes: &mut self.copied_written_bytes,
             keep_pinned,
             refs: &w.refs,
             rc: &mut self.rc,
             backrefs: &mut self.backrefs,
             unshared: &mut self.unshared,
         }
+    }
+
+    /// Bytes of copies of written nodes made so far (see `WriteCtx`).
+    pub(crate) fn copied_written_bytes(&self) -> u64 {
+        self.copied_written_bytes
+    }
+
+    /// Records nodes written before their transaction commits (a spill, `txn::spill`):
+    /// the space they take and the back references they hold, both dropped with the
+    /// rest of these changes if the transaction aborts.
+    pub(crate) fn record_written(&mut self, written: SpaceDelta, edges: WriteStore) {
+        self.delta.merge(written);
+        self.backrefs.merge(edges);
     }
 
     /// Folds these changes into the writer state.
