@@ -61,14 +61,30 @@ fn run_batch(
         if commit_every.is_some_and(|n| pending >= n) {
             txn.commit()?;
             pending = 0;
-            print_committed(ctx, out, total)?;
+            // The rest of the input is not applied when an acknowledgement cannot be
+            // given: say so (even for a closed pipe), and what is durable.
+            print_committed(ctx, out, total).map_err(|e| {
+                let why = if e.msg.is_empty() {
+                    "the reader of the output went away".to_owned()
+                } else {
+                    e.msg
+                };
+                CliError::failure(format!(
+                    "committed {total} operations (durable), then could not acknowledge \
+                     them ({why}); the rest of the input was not applied"
+                ))
+            })?;
             printed = true;
             txn = begin_immediate(store, target)?;
         }
     }
     if pending > 0 || !printed {
         txn.commit()?;
+        ctx.committed(format!("the batch (committed {total}) was committed"));
         print_committed(ctx, out, total)?;
+    } else {
+        // The input ended on a commit boundary: all of it is acknowledged already.
+        ctx.committed(format!("the batch (committed {total}) was committed"));
     }
     Ok(())
 }
