@@ -27,11 +27,10 @@ pub struct Options {
     /// (a directory that is not a store is left as it was), the WAL is replayed in
     /// memory only, and a writer in another process neither blocks this open nor is
     /// blocked by it (the view is the durable state when it opened). See
-    /// [`Store::open_read_only`](crate::Store::open_read_only).
+    /// `Store::open_read_only`.
     pub read_only: bool,
     /// How long a writable open waits for another process's writer to let go of the
-    /// store: `None` fails at once with [`Error::Locked`](crate::Error::Locked),
-    /// naming the holder's PID.
+    /// store: `None` fails at once with `Error::Locked`, naming the holder's PID.
     pub lock_wait: Option<Duration>,
     /// Checkpoint when the store is closed or dropped, so the next open replays nothing.
     pub checkpoint_on_close: bool,

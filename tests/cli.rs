@@ -559,7 +559,7 @@ fn corruption_is_exit_5_and_verify_reports_it_with_exit_4() {
 }
 
 #[test]
-fn store_in_use_by_a_writer_exits_3() {
+fn a_second_writer_exits_3_and_readers_work_beside_the_first() {
     let t = TestStore::new();
     t.put("a", "1");
     // A batch waiting on stdin holds the store open for writing.
@@ -580,7 +580,9 @@ fn store_in_use_by_a_writer_exits_3() {
     )
     .unwrap();
     assert_eq!(first, "committed 1\n");
-    fails(t.run("get", &["a"]), 3, &["in use"]);
+    // Reads work beside it (and see its acknowledged commit); a second writer does not.
+    assert_eq!(ok(t.run("get", &["a"])), "1\n");
+    assert_eq!(ok(t.run("get", &["b"])), "2\n");
     fails(t.run("put", &["c", "3"]), 3, &["in use"]);
     drop(stdin);
     let o = writer.wait_with_output().unwrap();

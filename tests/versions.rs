@@ -211,7 +211,19 @@ impl Run {
         Ok(())
     }
 
-    fn drop_version(&mut self, name: &str, step: usize) -> Result<(), String> {
+    /// Drops `name`; for `main`, the default branch, checks that the drop is refused
+    /// and changes nothing (returns `false`).
+    fn drop_version(&mut self, name: &str, step: usize) -> Result<bool, String> {
+        if name == cambium::MAIN_BRANCH {
+            let listed = ctx(self.store().versions(), "versions")?;
+            if !matches!(self.store().drop_version(name), Err(Error::DefaultBranch(_))) {
+                return Err(format!("step {step}: dropping main was not refused"));
+            }
+            if ctx(self.store().versions(), "versions")? != listed {
+                return Err(format!("step {step}: a refused drop of main changed the versions"));
+            }
+            return Ok(false);
+        }
         ctx(self.store().drop_version(name), "drop")?;
         let parent = self.parents.remove(name).expect("exists");
         for p in self.parents.values_mut() {
@@ -225,7 +237,7 @@ impl Run {
                 "step {step}: dropped version {name} still readable"
             ));
         }
-        Ok(())
+        Ok(true)
     }
 
     fn live_bytes(&self) -> Result<u64, String> {
@@ -257,7 +269,9 @@ impl Run {
                 gone.exclusive_bytes, gone.referenced_bytes
             ));
         }
-        self.drop_version(name, step)?;
+        if !self.drop_version(name, step)? {
+            return Ok(());
+        }
         ctx(self.store().finish_drops(), "finish_drops")?;
         ctx(self.store().checkpoint(), "checkpoint")?;
         let live1 = self.live_bytes()?;

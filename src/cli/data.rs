@@ -46,6 +46,7 @@ pub fn del(ctx: &Ctx, dir: &Path, key: &str, branch: &str) -> CliResult {
     if existed {
         Ok(())
     } else {
+        ctx.changed_nothing();
         Err(key_not_found(ctx, &key))
     }
 }

@@ -43,6 +43,12 @@ impl Ctx {
         *self.committed.borrow_mut() = Some(what.into());
     }
 
+    /// Takes back [`Ctx::committed`]: the commit changed nothing (a delete of a
+    /// missing key), so what follows is the command's answer, not a late failure.
+    pub fn changed_nothing(&self) {
+        self.committed.borrow_mut().take();
+    }
+
     /// A failure after the commit point becomes a warning that says the data is safe.
     fn after_commit(&self, e: CliError) -> CliError {
         let Some(what) = self.committed.borrow_mut().take() else {
