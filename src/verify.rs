@@ -1,7 +1,8 @@
 //! `verify`, the fsck, and `stats`.
 //!
 //! `verify` re-reads the durable state from disk, bypassing the page cache: the
-//! newest valid superblock (and reports an invalid other slot), the metadata chain
+//! newest valid superblock (and reports an invalid other slot), the files named like
+//! segments that are not (strays, which the store ignores), the metadata chain
 //! (every blob back to its base, the deltas applied),
 //! every node of every version (checksum from the parent, self-checksum, structure,
 //! key order, key bounds against the parent's separators, levels, sizes), every value
@@ -240,6 +241,13 @@ pub(crate) fn verify(shared: &Shared, progress: &mut dyn FnMut(u64)) -> Result<V
         edges: Vec::new(),
         progress,
     };
+    for (id, why) in segments.strays() {
+        walker.problem(format!(
+            "{} is not a segment of this store: {why}; ignored (never read, written or \
+             deleted; move it out of the store directory)",
+            id.file_name()
+        ));
+    }
     for (i, slot) in sb_file.slots.iter().enumerate() {
         match slot {
             Slot::Valid(_) => {}

@@ -320,8 +320,11 @@ fn run_slice<'r>(
 fn load_run(vfs: &dyn Vfs, meta: &RunMeta) -> Result<Run> {
     let name = run::file_name(meta.seq);
     let missing = |e: io::Error| match e.kind() {
-        io::ErrorKind::NotFound => Error::corrupted("backref run", format!("{name} is missing")),
-        _ => Error::Io(e),
+        // (A dangling link is there but not a file: `Error::from` says so.)
+        io::ErrorKind::NotFound if crate::error::not_a_file_description(&e).is_none() => {
+            Error::corrupted("backref run", format!("{name} is missing"))
+        }
+        _ => Error::from(e),
     };
     let file = vfs.open(&name).map_err(missing)?;
     let len = file.len()?;

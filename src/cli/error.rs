@@ -103,6 +103,9 @@ pub fn exit_code_for(e: &cambium::Error) -> i32 {
 impl From<cambium::Error> for CliError {
     fn from(e: cambium::Error) -> Self {
         let hint = match &e {
+            cambium::Error::Poisoned(cause) => {
+                return CliError::new(exit_code_for(&e), poisoned(cause));
+            }
             cambium::Error::Locked { .. } => {
                 "; reading commands work beside it, and --wait[=SECONDS] waits for it"
             }
@@ -110,6 +113,22 @@ impl From<cambium::Error> for CliError {
         };
         CliError::new(exit_code_for(&e), format!("{e}{hint}"))
     }
+}
+
+/// The message for a store that stopped taking writes after a write failed
+/// (`Error::Poisoned`, "reopen it" in library terms). A command's store lives only
+/// as long as the command, so in CLI terms: what failed, that nothing acknowledged
+/// is lost (recovery at the next open restores the last durable state), and what to
+/// do. It reads right both as an error (the command's change was not acknowledged)
+/// and inside the warning after a commit (it was, and must not be retried).
+fn poisoned(cause: &str) -> String {
+    format!(
+        "a write to the store failed ({cause}), so this command stopped writing. Nothing \
+         acknowledged is lost: what earlier commands did, every `committed` line printed \
+         and every change reported committed are on disk, and the next command recovers \
+         them. Fix the cause (free some space if the disk is full), then run again what \
+         was not acknowledged"
+    )
 }
 
 /// An error writing our own output.

@@ -1,9 +1,13 @@
 //! The real file system backend: one directory, positional I/O, fdatasync.
+//!
+//! Every error names the operation and the file it failed on (`crate::error::FileError`),
+//! and a name that is not a regular file is refused before it is opened.
 
 use super::{lock_file, LockKind, StoreLock, VFile, Vfs};
-use std::fs::{File, OpenOptions};
+use crate::error::{file_error, not_a_file};
+use std::fs::{File, FileType, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -47,35 +51,124 @@ impl StdVfs {
     fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }
+
+    /// The directory, as named in errors about it.
+    fn dir_name(&self) -> String {
+        self.dir.display().to_string()
+    }
+
+    /// Opens `name` with `options` if it is a regular file (after following symbolic
+    /// links). Anything else is refused with an error saying what it is: opened as it
+    /// is, a directory fails with a bare "Is a directory", a dangling link with a bare
+    /// "No such file or directory", and a FIFO can block.
+    fn open_regular(&self, name: &str, options: &OpenOptions) -> io::Result<Arc<dyn VFile>> {
+        let path = self.path(name);
+        match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_file() => {}
+            Ok(meta) => return Err(not_regular(name, &path, meta.file_type())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // The name may be there as a link whose target is not.
+                return Err(match std::fs::read_link(&path) {
+                    Ok(target) => not_a_file(
+                        "open",
+                        name,
+                        io::ErrorKind::NotFound,
+                        format!(
+                            "is a symbolic link to {}, which does not exist",
+                            target.display()
+                        ),
+                    ),
+                    Err(_) => file_error("open", name, e),
+                });
+            }
+            Err(e) => return Err(file_error("open", name, e)),
+        }
+        let file = options
+            .open(&path)
+            .map_err(|e| file_error("open", name, e))?;
+        Ok(Arc::new(StdFile {
+            file,
+            name: name.to_owned(),
+        }))
+    }
 }
 
-struct StdFile(File);
+/// The error for `name` (at `path`), found to be of type `ty`, not a regular file.
+fn not_regular(name: &str, path: &Path, ty: FileType) -> io::Error {
+    let what = if ty.is_dir() {
+        "a directory"
+    } else if ty.is_fifo() {
+        "a FIFO"
+    } else if ty.is_socket() {
+        "a socket"
+    } else if ty.is_block_device() {
+        "a block device"
+    } else if ty.is_char_device() {
+        "a character device"
+    } else {
+        "something else"
+    };
+    let is = match std::fs::read_link(path) {
+        Ok(target) => format!(
+            "is a symbolic link to {}, which is {what}, not a regular file",
+            target.display()
+        ),
+        Err(_) => format!("is {what}, not a regular file"),
+    };
+    let kind = if ty.is_dir() {
+        io::ErrorKind::IsADirectory
+    } else {
+        io::ErrorKind::InvalidInput
+    };
+    not_a_file("open", name, kind, is)
+}
+
+struct StdFile {
+    file: File,
+    /// The file's name in the store directory, for errors.
+    name: String,
+}
+
+impl StdFile {
+    /// The name and the position, for an error at `offset`.
+    fn at(&self, offset: u64) -> String {
+        format!("{} at byte {offset}", self.name)
+    }
+}
 
 impl VFile for StdFile {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.0.read_exact_at(buf, offset)
+        self.file
+            .read_exact_at(buf, offset)
+            .map_err(|e| file_error("read", self.at(offset), e))
     }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.0.write_all_at(buf, offset)
+        self.file
+            .write_all_at(buf, offset)
+            .map_err(|e| file_error("write", self.at(offset), e))
     }
     fn sync(&self) -> io::Result<()> {
-        self.0.sync_data()
+        self.file
+            .sync_data()
+            .map_err(|e| file_error("sync", self.name.as_str(), e))
     }
     fn len(&self) -> io::Result<u64> {
-        Ok(self.0.metadata()?.len())
+        let meta = self
+            .file
+            .metadata()
+            .map_err(|e| file_error("stat", self.name.as_str(), e))?;
+        Ok(meta.len())
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
-        self.0.set_len(len)
+        self.file
+            .set_len(len)
+            .map_err(|e| file_error("resize", format!("{} to {len} bytes", self.name), e))
     }
 }
 
 impl Vfs for StdVfs {
     fn open(&self, name: &str) -> io::Result<Arc<dyn VFile>> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(!self.read_only)
-            .open(self.path(name))?;
-        Ok(Arc::new(StdFile(file)))
+        self.open_regular(name, OpenOptions::new().read(true).write(!self.read_only))
     }
     fn create(&self, name: &str) -> io::Result<Arc<dyn VFile>> {
         self.check_writable("create", name)?;
@@ -83,24 +176,32 @@ impl Vfs for StdVfs {
             .read(true)
             .write(true)
             .create_new(true)
-            .open(self.path(name))?;
-        Ok(Arc::new(StdFile(file)))
+            .open(self.path(name))
+            .map_err(|e| file_error("create", name, e))?;
+        Ok(Arc::new(StdFile {
+            file,
+            name: name.to_owned(),
+        }))
     }
     fn remove(&self, name: &str) -> io::Result<()> {
         self.check_writable("remove", name)?;
-        std::fs::remove_file(self.path(name))
+        std::fs::remove_file(self.path(name)).map_err(|e| file_error("remove", name, e))
     }
     fn rename(&self, from: &str, to: &str) -> io::Result<()> {
         self.check_writable("rename", from)?;
         std::fs::rename(self.path(from), self.path(to))
+            .map_err(|e| file_error("rename", format!("{from} to {to}"), e))
     }
     fn exists(&self, name: &str) -> io::Result<bool> {
-        self.path(name).try_exists()
+        self.path(name)
+            .try_exists()
+            .map_err(|e| file_error("stat", name, e))
     }
     fn list(&self) -> io::Result<Vec<String>> {
+        let listing = |e| file_error("list", self.dir_name(), e);
         let mut names = Vec::new();
-        for entry in std::fs::read_dir(&self.dir)? {
-            if let Some(name) = entry?.file_name().to_str() {
+        for entry in std::fs::read_dir(&self.dir).map_err(listing)? {
+            if let Some(name) = entry.map_err(listing)?.file_name().to_str() {
                 names.push(name.to_owned());
             }
         }
@@ -108,7 +209,9 @@ impl Vfs for StdVfs {
     }
     fn sync_dir(&self) -> io::Result<()> {
         self.check_writable("sync", ".")?;
-        File::open(&self.dir)?.sync_all()
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| file_error("sync", self.dir_name(), e))
     }
     fn lock(&self, kind: LockKind) -> io::Result<Box<dyn StoreLock>> {
         lock_file::lock(&self.dir, kind)

@@ -5,6 +5,18 @@
 //! appends until it passes `SEGMENT_TARGET_BYTES`, then a new one is created (and the
 //! directory synced, so the new file survives a crash before anything in it is
 //! relied on).
+//!
+//! Opening tells three kinds of file named like a segment apart by their header:
+//! - a valid header: a segment of this store;
+//! - no header yet, or part of one (every byte present is zero or the byte the
+//!   header holds there, and nothing past it): `roll` was cut short by a crash. It
+//!   syncs the header before anything is appended, so nothing durable lives in the
+//!   file; it is kept as an empty segment (a checkpoint deletes it) but never
+//!   continued, since its header is not there;
+//! - anything else (another header, garbage, a header damaged since): a **stray**.
+//!   A stray is ignored: never read, appended to or deleted, its id never reused;
+//!   `verify` reports it, and a block the metadata places in it fails to read with
+//!   a corruption error naming it.
 
 use crate::error::{Error, Result};
 use crate::format::FORMAT_VERSION;
@@ -73,14 +85,28 @@ struct Appender {
 pub(crate) struct Segments {
     vfs: Arc<dyn Vfs>,
     files: RwLock<BTreeMap<SegmentId, Arc<dyn VFile>>>,
+    /// Files found with no header or part of one (see the module docs): never
+    /// continued by appends.
+    unwritten: BTreeSet<SegmentId>,
+    /// Files named like segments that are not (see the module docs), with what is
+    /// wrong with each. Not in `files`.
+    strays: BTreeMap<SegmentId, String>,
     appender: Mutex<Appender>,
     read_only: bool,
 }
 
+/// What a segment file's header says about the file (see the module docs).
+enum Header {
+    Valid,
+    Unwritten,
+    Stray(String),
+}
+
 impl Segments {
-    /// Opens every segment file in the directory, checking each header. Appends go to
-    /// the end of the newest segment (never over anything already there: a crash may
-    /// have left blocks a WAL record refers to).
+    /// Opens every segment file in the directory, checking each header; strays are
+    /// set aside. Appends go to the end of the newest segment (never over anything
+    /// already there: a crash may have left blocks a WAL record refers to). A name
+    /// that is not a regular file (a directory, a dangling link) fails the open.
     pub(crate) fn open(vfs: Arc<dyn Vfs>, read_only: bool) -> Result<Segments> {
         let mut ids: Vec<SegmentId> = vfs
             .list()?
@@ -89,11 +115,23 @@ impl Segments {
             .collect();
         ids.sort();
         let mut files = BTreeMap::new();
+        let mut unwritten = BTreeSet::new();
+        let mut strays = BTreeMap::new();
         for &id in &ids {
             let file = vfs.open(&id.file_name())?;
-            Self::check_header(&*file, id)?;
+            match Self::check_header(&*file, id)? {
+                Header::Valid => {}
+                Header::Unwritten => {
+                    unwritten.insert(id);
+                }
+                Header::Stray(why) => {
+                    strays.insert(id, why);
+                    continue;
+                }
+            }
             files.insert(id, file);
         }
+        // Past every name, strays included: a new segment never takes a stray's id.
         let next_id = ids.last().map_or(1, |id| id.0 + 1);
         let appender = Appender {
             active: None,
@@ -105,24 +143,40 @@ impl Segments {
         Ok(Segments {
             vfs,
             files: RwLock::new(files),
+            unwritten,
+            strays,
             appender: Mutex::new(appender),
             read_only,
         })
     }
 
-    fn check_header(file: &dyn VFile, id: SegmentId) -> Result<()> {
+    /// Reads and classifies the header of segment `id`'s file.
+    fn check_header(file: &dyn VFile, id: SegmentId) -> Result<Header> {
+        let expected = Self::header(id);
+        let len = file.len()?;
+        let present = usize::try_from(len).map_or(HEADER_LEN, |l| l.min(HEADER_LEN));
         let mut buf = [0u8; HEADER_LEN];
-        if file.len()? < SEGMENT_HEADER_SIZE {
-            // A segment created just before a crash may have no header yet; nothing
-            // durable can live in it.
-            return Ok(());
+        #[allow(
+            clippy::indexing_slicing,
+            reason = "present is at most HEADER_LEN, the buffer's length"
+        )]
+        let read = &mut buf[..present];
+        file.read_exact_at(read, 0)?;
+        let torn = read
+            .iter()
+            .zip(&expected)
+            .all(|(byte, want)| *byte == 0 || byte == want);
+        if len <= SEGMENT_HEADER_SIZE && torn && read != expected {
+            return Ok(Header::Unwritten);
         }
-        file.read_exact_at(&mut buf, 0)?;
+        if present < HEADER_LEN {
+            return Ok(Header::Stray(format!(
+                "it is {len} bytes, too short for a segment header"
+            )));
+        }
         let mut d = Decoder::new(&buf, "segment header");
-        let bad =
-            |why: &str| Error::corrupted("segment header", format!("{}: {why}", id.file_name()));
         if d.bytes(8)? != SEGMENT_MAGIC {
-            return Err(bad("bad magic"));
+            return Ok(Header::Stray("it has no segment header".into()));
         }
         let version = d.u32()?;
         let stored_id = d.u32()?;
@@ -130,18 +184,24 @@ impl Segments {
         let stored_crc = d.u32()?;
         debug_assert_eq!(d.remaining(), 0);
         if crc(&buf[..OFF_CRC]) != stored_crc {
-            return Err(bad("checksum mismatch"));
+            return Ok(Header::Stray(
+                "its segment header fails its checksum".into(),
+            ));
         }
+        // The superblock, read first, has this build's format version: a segment of
+        // another version cannot be this store's.
         if version != FORMAT_VERSION {
-            return Err(Error::FormatVersion {
-                found: version,
-                supported: FORMAT_VERSION,
-            });
+            return Ok(Header::Stray(format!(
+                "it is a segment of format version {version}, not {FORMAT_VERSION}"
+            )));
         }
         if stored_id != id.0 {
-            return Err(bad("header names another segment"));
+            return Ok(Header::Stray(format!(
+                "its header is that of {}",
+                SegmentId(stored_id).file_name()
+            )));
         }
-        Ok(())
+        Ok(Header::Valid)
     }
 
     fn header(id: SegmentId) -> [u8; HEADER_LEN] {
@@ -175,7 +235,9 @@ impl Segments {
     fn ensure_active(&self, app: &mut Appender, len: u64) -> Result<()> {
         let full = app.end > SEGMENT_HEADER_SIZE && app.end + len > SEGMENT_TARGET_BYTES;
         if app.active.is_none() {
-            // After open, continue the newest segment if it has room.
+            // After open, continue the newest segment if it has room, it has its
+            // header, and no stray has a higher id (appends always go to the
+            // highest-numbered segment).
             let newest = self
                 .files
                 .read()
@@ -185,7 +247,8 @@ impl Segments {
                 .map(|(id, f)| (*id, f.clone()));
             if let Some((id, file)) = newest {
                 let end = file.len()?.max(SEGMENT_HEADER_SIZE);
-                if end + len <= SEGMENT_TARGET_BYTES && file.len()? >= SEGMENT_HEADER_SIZE {
+                let continuable = !self.unwritten.contains(&id) && id.0 + 1 == app.next_id;
+                if end + len <= SEGMENT_TARGET_BYTES && continuable {
                     app.active = Some((id, file));
                     app.end = end;
                     return Ok(());
@@ -241,14 +304,20 @@ impl Segments {
     /// Reads a block and checks its checksum.
     pub(crate) fn read(&self, r: BlockRef, what: &'static str) -> Result<Vec<u8>> {
         let file = self.file(r.addr.segment()).ok_or_else(|| {
-            Error::corrupted(
-                what,
-                format!(
+            let seg = r.addr.segment();
+            let detail = match self.strays.get(&seg) {
+                Some(why) => format!(
+                    "{:?} points into {}, which was ignored as not a segment of this store: {why}",
+                    r.addr,
+                    seg.file_name()
+                ),
+                None => format!(
                     "{:?} points into missing segment {}",
                     r.addr,
-                    r.addr.segment().file_name()
+                    seg.file_name()
                 ),
-            )
+            };
+            Error::corrupted(what, detail)
         })?;
         let mut buf = vec![0u8; r.len as usize];
         if r.addr.offset() < SEGMENT_HEADER_SIZE {
@@ -264,7 +333,7 @@ impl Segments {
                     format!("{:?}+{} lies past the end of its segment", r.addr, r.len),
                 )
             } else {
-                Error::Io(e)
+                e.into()
             }
         })?;
         if crc(&buf) != r.crc {
@@ -357,6 +426,12 @@ impl Segments {
             .unwrap_or(SegmentId(app.next_id))
     }
 
+    /// The files named like segments that are not segments of this store, with what
+    /// is wrong with each: ignored (see the module docs).
+    pub(crate) fn strays(&self) -> &BTreeMap<SegmentId, String> {
+        &self.strays
+    }
+
     /// Ids and sizes of every segment file.
     pub(crate) fn sizes(&self) -> Result<Vec<(SegmentId, u64)>> {
         let files: Vec<_> = self
@@ -388,3 +463,7 @@ impl Segments {
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[path = "segments_tests.rs"]
+mod tests;
