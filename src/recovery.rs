@@ -182,7 +182,7 @@ fn open_reader(vfs: Arc<dyn Vfs>, dir: &Path, label: String, opts: Options) -> R
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let before = superblock_bytes(&*vfs)?;
+        let before = superblock::raw_bytes(&*vfs)?;
         // Read before the log: the bound only grows, and what it covers is durable.
         let bound = vfs.published_synced().map(Lsn);
         let opened = load(
@@ -193,7 +193,7 @@ fn open_reader(vfs: Arc<dyn Vfs>, dir: &Path, label: String, opts: Options) -> R
             lock.clone(),
             bound,
         );
-        if superblock_bytes(&*vfs)? == before {
+        if superblock::raw_bytes(&*vfs)? == before {
             return opened.map(|l| l.shared);
         }
         if attempt >= READER_ATTEMPTS {
@@ -205,15 +205,6 @@ fn open_reader(vfs: Arc<dyn Vfs>, dir: &Path, label: String, opts: Options) -> R
         drop(opened);
         std::thread::sleep(std::time::Duration::from_millis(u64::from(attempt.min(20))));
     }
-}
-
-/// The superblock file's bytes: both slots (a checkpoint rewrites one of them).
-fn superblock_bytes(vfs: &dyn Vfs) -> Result<Vec<u8>> {
-    let file = vfs.open(superblock::FILE_NAME)?;
-    let len = usize::try_from(file.len()?).unwrap_or(usize::MAX);
-    let mut buf = vec![0; len.min(superblock::FILE_BYTES)];
-    file.read_exact_at(&mut buf, 0)?;
-    Ok(buf)
 }
 
 /// Takes the writer lock, waiting up to `wait` for another process to let it go.

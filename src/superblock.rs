@@ -30,6 +30,16 @@ pub(crate) const SLOT_SIZE: usize = 4096;
 /// The file holds two slots.
 pub(crate) const FILE_BYTES: usize = 2 * SLOT_SIZE;
 
+/// The superblock file's bytes (both slots): a checkpoint rewrites one of them, so
+/// equal bytes before and after a read mean no checkpoint landed in between.
+pub(crate) fn raw_bytes(vfs: &dyn Vfs) -> Result<Vec<u8>> {
+    let file = vfs.open(FILE_NAME)?;
+    let len = usize::try_from(file.len()?).unwrap_or(usize::MAX);
+    let mut buf = vec![0; len.min(FILE_BYTES)];
+    file.read_exact_at(&mut buf, 0)?;
+    Ok(buf)
+}
+
 // Slot layout: the byte offset of each field. docs/FORMAT.md has the same table, and
 // `crate::format_tests` checks the two against each other.
 pub(crate) const OFF_MAGIC: usize = 0;

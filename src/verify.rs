@@ -19,8 +19,7 @@ use crate::btree::walk::{walk, At, Source, Visitor};
 use crate::engine::Shared;
 use crate::error::{Error, Result};
 use crate::format::FORMAT_VERSION;
-use crate::format::{Addr, BlockRef, Lsn, SegmentId};
-use crate::io::Vfs;
+use crate::format::{Addr, BlockRef, SegmentId};
 use crate::meta::{self, Meta};
 use crate::space::{Segments, Usage};
 use crate::superblock::{Slot, SuperblockFile};
@@ -229,10 +228,89 @@ impl Visitor for TreeCheck<'_, '_> {
     }
 }
 
+/// How many times `verify` starts reading over when a checkpoint lands meanwhile.
+const ATTEMPTS: u32 = 100;
+
+/// What `verify` reads of the durable state before it checks anything: the files it
+/// will walk held open, and everything a checkpoint could delete or recycle (the
+/// back-reference runs, the log) read into memory.
+struct Durable {
+    sb_file: SuperblockFile,
+    segments: Segments,
+    /// The newest valid superblock and its metadata (or why there is none).
+    state: Result<(crate::superblock::Superblock, Result<Meta>)>,
+    /// The stored back references (or why they cannot be read).
+    backrefs: Result<Vec<Edge>>,
+    /// The log past the checkpoint, generation by generation.
+    wal: Vec<Result<wal::Generation>>,
+}
+
+impl Durable {
+    fn read(shared: &Shared) -> Result<Durable> {
+        let vfs = &*shared.vfs;
+        let sb_file = SuperblockFile::read(vfs, &shared.label)?;
+        let segments = Segments::open(shared.vfs.clone(), true)?;
+        let state = sb_file.candidates().and_then(|c| {
+            let sb = c
+                .into_iter()
+                .next()
+                .ok_or_else(|| Error::corrupted("superblock", "no valid slot"))?;
+            Ok((sb, meta::chain::load(&segments, sb.meta).map(|(m, _)| m)))
+        });
+        let mut backrefs = Ok(Vec::new());
+        let mut wal = Vec::new();
+        if let Ok((sb, Ok(meta))) = &state {
+            let manifest = &meta.backref_manifest;
+            backrefs = BackrefStore::open(
+                shared.vfs.clone(),
+                (!manifest.is_empty()).then_some(manifest),
+            )
+            .map(|store| store.live_edges(&WriteStore::default()));
+            wal = Generations::read(vfs, sb.wal_gen, sb.checkpoint_lsn)?.collect();
+        }
+        Ok(Durable {
+            sb_file,
+            segments,
+            state,
+            backrefs,
+            wal,
+        })
+    }
+}
+
+/// Checks the store. A writer in another process may checkpoint meanwhile (deleting
+/// segments and log files, recycling a log file): everything is read first, then the
+/// superblock again, and the reading starts over if a checkpoint landed; the checks
+/// then run on what was read (the segments through the handles opened, which stay
+/// readable after a deletion).
 pub(crate) fn verify(shared: &Shared, progress: &mut dyn FnMut(u64)) -> Result<VerifyReport> {
-    let vfs = &*shared.vfs;
-    let sb_file = SuperblockFile::read(vfs, &shared.label)?;
-    let segments = Segments::open(shared.vfs.clone(), true)?;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let before = crate::superblock::raw_bytes(&*shared.vfs)?;
+        let durable = Durable::read(shared)?;
+        if crate::superblock::raw_bytes(&*shared.vfs)? == before {
+            return check(durable, progress);
+        }
+        if attempt >= ATTEMPTS {
+            return Err(Error::Io(std::io::Error::other(format!(
+                "{}: the store changed under each of {ATTEMPTS} attempts to read it \
+                 (another process checkpoints faster than verify reads); try again",
+                shared.label
+            ))));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(u64::from(attempt.min(20))));
+    }
+}
+
+fn check(durable: Durable, progress: &mut dyn FnMut(u64)) -> Result<VerifyReport> {
+    let Durable {
+        sb_file,
+        segments,
+        state,
+        backrefs,
+        wal,
+    } = durable;
     let mut walker = Walker {
         segments: &segments,
         report: VerifyReport::default(),
@@ -257,15 +335,11 @@ pub(crate) fn verify(shared: &Shared, progress: &mut dyn FnMut(u64)) -> Result<V
             )),
         }
     }
-    let sb = sb_file
-        .candidates()?
-        .into_iter()
-        .next()
-        .ok_or_else(|| Error::corrupted("superblock", "no valid slot"))?;
+    let (sb, meta) = state?;
     // The metadata is rebuilt from its whole chain: a damaged blob anywhere in it is
     // damage to the durable state.
-    let meta = match meta::chain::load(&segments, sb.meta) {
-        Ok((m, _)) => m,
+    let meta = match meta {
+        Ok(m) => m,
         Err(e) => {
             walker.problem(format!(
                 "metadata of superblock generation {}: {e}",
@@ -286,8 +360,8 @@ pub(crate) fn verify(shared: &Shared, progress: &mut dyn FnMut(u64)) -> Result<V
         walker.tree("(dropped)", *r, false);
     }
     check_tables(&mut walker, &meta, &segments)?;
-    check_backrefs(&mut walker, &meta, &shared.vfs);
-    check_wal(&mut walker, vfs, sb.wal_gen, sb.checkpoint_lsn)?;
+    check_backrefs(&mut walker, backrefs);
+    check_wal(&mut walker, wal);
     Ok(walker.report)
 }
 
@@ -336,10 +410,9 @@ fn check_tables(walker: &mut Walker<'_>, meta: &Meta, segments: &Segments) -> Re
 /// Rebuilds the back references from the walk and compares them with the stored
 /// ones (Backlog's own check): every pointer of a written node is a live back
 /// reference, and there is no other.
-fn check_backrefs(walker: &mut Walker<'_>, meta: &Meta, vfs: &Arc<dyn Vfs>) {
-    let manifest = &meta.backref_manifest;
-    let stored = match BackrefStore::open(vfs.clone(), (!manifest.is_empty()).then_some(manifest)) {
-        Ok(store) => store.live_edges(&WriteStore::default()),
+fn check_backrefs(walker: &mut Walker<'_>, stored: Result<Vec<Edge>>) {
+    let stored = match stored {
+        Ok(edges) => edges,
         Err(e) => {
             walker.problem(format!("back references: {e}"));
             return;
@@ -375,13 +448,8 @@ fn check_backrefs(walker: &mut Walker<'_>, meta: &Meta, vfs: &Arc<dyn Vfs>) {
 
 /// Checks every WAL record past the checkpoint: framing, checksum, LSN continuity
 /// across generations, and payload structure.
-fn check_wal(
-    walker: &mut Walker<'_>,
-    vfs: &dyn Vfs,
-    first_gen: u64,
-    checkpoint_lsn: Lsn,
-) -> Result<()> {
-    for generation in Generations::read(vfs, first_gen, checkpoint_lsn)? {
+fn check_wal(walker: &mut Walker<'_>, generations: Vec<Result<wal::Generation>>) {
+    for generation in generations {
         let generation = match generation {
             Ok(g) => g,
             Err(e) => {
@@ -403,5 +471,4 @@ fn check_wal(
             }
         }
     }
-    Ok(())
 }

@@ -216,11 +216,16 @@ impl Run {
     fn drop_version(&mut self, name: &str, step: usize) -> Result<bool, String> {
         if name == cambium::MAIN_BRANCH {
             let listed = ctx(self.store().versions(), "versions")?;
-            if !matches!(self.store().drop_version(name), Err(Error::DefaultBranch(_))) {
+            if !matches!(
+                self.store().drop_version(name),
+                Err(Error::DefaultBranch(_))
+            ) {
                 return Err(format!("step {step}: dropping main was not refused"));
             }
             if ctx(self.store().versions(), "versions")? != listed {
-                return Err(format!("step {step}: a refused drop of main changed the versions"));
+                return Err(format!(
+                    "step {step}: a refused drop of main changed the versions"
+                ));
             }
             return Ok(false);
         }

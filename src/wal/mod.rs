@@ -29,7 +29,7 @@ mod payload;
 mod record;
 
 pub(crate) use files::{
-    file_name, generations, remove_below, spare_bytes, Generations, SPARE_FILE,
+    file_name, generations, remove_below, spare_bytes, Generation, Generations, SPARE_FILE,
 };
 pub(crate) use payload::{BatchWriter, Op, Record, VersionOp};
 

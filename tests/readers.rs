@@ -1,0 +1,104 @@
+//! Read-only opens beside a busy writer: while one handle commits and checkpoints as
+//! fast as it can (deleting segments and recycling log files as it goes), read-only
+//! handles opened over and over must each see one consistent, durable state that
+//! holds every commit acknowledged before the open, and `verify` through them must
+//! find the store clean.
+
+use cambium::{Options, Store};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn key(i: u64) -> Vec<u8> {
+    format!("k{i:08}").into_bytes()
+}
+
+fn value(i: u64) -> Vec<u8> {
+    format!("v{i}-{}", "x".repeat((i % 300) as usize)).into_bytes()
+}
+
+#[test]
+fn read_only_opens_beside_a_checkpointing_writer_see_consistent_durable_states() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let writer = Store::create_with(
+        &path,
+        Options {
+            // Small thresholds: checkpoints (and the deletions after them) all the time.
+            checkpoint_wal_bytes: 64 << 10,
+            checkpoint_interval: Some(Duration::from_millis(5)),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let acked = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = {
+        let (acked, stop, writer) = (acked.clone(), stop.clone(), writer.clone());
+        std::thread::spawn(move || {
+            let mut i = 0;
+            while !stop.load(Ordering::SeqCst) {
+                i += 1;
+                let mut txn = writer.begin_write().unwrap();
+                txn.put(&key(i), &value(i)).unwrap();
+                txn.put(b"count", i.to_string().as_bytes()).unwrap();
+                // Overwrites and deletes leave dead space, so segments empty and go.
+                if i > 50 {
+                    txn.delete(&key(i - 50)).unwrap();
+                }
+                txn.commit().unwrap();
+                acked.store(i, Ordering::SeqCst);
+                if i % 2 == 0 {
+                    // Every other commit: two checkpoints land inside many reads.
+                    writer.checkpoint().unwrap();
+                }
+            }
+            i
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(6);
+    let (mut opens, mut verifies) = (0, 0);
+    while Instant::now() < deadline {
+        let before = acked.load(Ordering::SeqCst);
+        let reader = Store::open_read_only(&path).unwrap();
+        opens += 1;
+        let view = reader.read().unwrap();
+        let count: u64 = match view.get(b"count").unwrap() {
+            Some(c) => String::from_utf8(c).unwrap().parse().unwrap(),
+            None => 0,
+        };
+        assert!(
+            count >= before,
+            "a reader opened after commit {before} was acknowledged sees only {count}"
+        );
+        // Exactly the keys of that state: count - 49 ..= count, with their values.
+        let keys: Vec<(Vec<u8>, Vec<u8>)> = view
+            .range(b"k".as_slice()..b"l".as_slice())
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let first = count.saturating_sub(49).max(1);
+        let want: Vec<(Vec<u8>, Vec<u8>)> = (first..=count).map(|i| (key(i), value(i))).collect();
+        assert_eq!(keys.len(), want.len(), "state at count {count}");
+        assert!(keys == want, "state at count {count} differs");
+        if opens % 5 == 0 {
+            let report = reader.verify().unwrap();
+            assert!(report.problems.is_empty(), "{:?}", report.problems);
+            verifies += 1;
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    let last = w.join().unwrap();
+    writer.close().unwrap();
+    eprintln!("{opens} read-only opens, {verifies} verifies, beside {last} commits");
+    assert!(
+        opens > 10 && verifies > 2,
+        "{opens} opens, {verifies} verifies"
+    );
+    assert!(last > 200, "the writer made only {last} commits");
+    let reader = Store::open_read_only(&path).unwrap();
+    assert_eq!(
+        reader.read().unwrap().get(b"count").unwrap(),
+        Some(last.to_string().into_bytes())
+    );
+}
