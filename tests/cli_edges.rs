@@ -495,3 +495,28 @@ fn init_on_a_full_disk_leaves_nothing() {
     ok(run(&["put", s(&store), "a", "1"]));
     assert_eq!(ok(run(&["get", s(&store), "a"])), "1\n");
 }
+
+#[test]
+fn the_spare_log_is_cut_back_and_counted() {
+    let t = TestStore::new();
+    // About 8 MiB of log in one process, so the retired generation is that big.
+    let mut input = String::new();
+    for i in 0..40_000 {
+        input.push_str(&format!("put\tk{i:06}\t{}\n", "v".repeat(200)));
+    }
+    let out = t.batch(&["--commit-every", "1000"], &input);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    // The generation retires once no superblock slot needs it: one more checkpoint.
+    ok(t.run("checkpoint", &[]));
+    let spare = t.dir.join("wal-spare.log");
+    let len = std::fs::metadata(&spare).expect("a spare log").len();
+    assert!(len <= 4 << 20, "the spare log kept {len} bytes");
+    let stats = ok(t.run("stats", &["--json"]));
+    assert!(
+        stats.contains(&format!("\"wal_spare_bytes\":{len}")),
+        "{stats}"
+    );
+    assert!(ok(t.run("stats", &[])).contains(" spare\n"));
+    assert_eq!(ok(t.run("scan", &["--keys-only"])).lines().count(), 40_000);
+    verify_clean(t.d());
+}

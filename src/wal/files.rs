@@ -54,6 +54,7 @@ pub(crate) fn remove_below(vfs: &dyn Vfs, first_live: u64) -> Result<()> {
             if have_spare {
                 vfs.remove(&name)?;
             } else {
+                trim_spare(&*vfs.open(&name)?)?;
                 vfs.rename(&name, SPARE_FILE)?;
                 have_spare = true;
             }
@@ -63,22 +64,27 @@ pub(crate) fn remove_below(vfs: &dyn Vfs, first_live: u64) -> Result<()> {
     if removed {
         vfs.sync_dir()?;
     }
-    if have_spare {
-        // No sync: a crash that brings the old length back costs only disk space.
-        let spare = vfs.open(SPARE_FILE)?;
-        if spare.len()? > PREALLOC_BYTES as u64 {
-            spare.set_len(PREALLOC_BYTES as u64)?;
-        }
+    Ok(())
+}
+
+/// Cuts a retired log file back to a new file's preallocated size before it becomes
+/// the spare (or as the log takes an older build's spare), while nothing writes it.
+/// No sync: a crash that brings the old length back costs only disk space.
+pub(crate) fn trim_spare(file: &dyn VFile) -> Result<()> {
+    if file.len()? > PREALLOC_BYTES as u64 {
+        file.set_len(PREALLOC_BYTES as u64)?;
     }
     Ok(())
 }
 
 /// The spare log file's size (0 without one).
 pub(crate) fn spare_bytes(vfs: &dyn Vfs) -> Result<u64> {
-    if !vfs.exists(SPARE_FILE)? {
-        return Ok(0);
+    match vfs.open(SPARE_FILE) {
+        Ok(file) => Ok(file.len()?),
+        // None, or the log just took it for a new generation.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(e.into()),
     }
-    Ok(vfs.open(SPARE_FILE)?.len()?)
 }
 
 /// One record read back from the log.

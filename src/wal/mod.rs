@@ -215,7 +215,9 @@ impl Wal {
                 f
             } else if self.vfs.exists(SPARE_FILE)? {
                 self.vfs.rename(SPARE_FILE, &name)?;
-                self.vfs.open(&name)?
+                let f = self.vfs.open(&name)?;
+                files::trim_spare(&*f)?;
+                f
             } else {
                 let f = self.vfs.create(&name)?;
                 match f.write_all_at(&vec![0u8; PREALLOC_BYTES], 0) {
