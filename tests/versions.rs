@@ -490,17 +490,36 @@ fn random_ops(seed: u64, setup: Setup) -> Result<(), String> {
     ctx(run.store().checkpoint(), "final checkpoint")?;
     verify_clean(run.store(), "end")?;
     // Take the store apart one version at a time, each drop freeing what the listing
-    // said the version held alone; the last one held everything, and then nothing
-    // is left.
+    // said the version held alone; `main`, which cannot be dropped, is left holding
+    // everything, and once its keys are deleted nothing is left.
     while let Some(name) = {
-        let names: Vec<String> = run.model.keys().cloned().collect();
+        let names: Vec<String> = run.model.keys().filter(|n| *n != "main").cloned().collect();
         (!names.is_empty()).then(|| run.rng.pick(&names).clone())
     } {
         run.drop_and_account(&name, 800)?;
     }
+    ctx(run.store().finish_drops(), "finish_drops")?;
+    ctx(run.store().checkpoint(), "checkpoint")?;
+    let live = run.live_bytes()?;
+    let listed = ctx(run.store().versions(), "versions")?;
+    if listed.len() != 1 || (listed[0].exclusive_bytes, listed[0].referenced_bytes) != (live, live)
+    {
+        return Err(format!(
+            "main, the only version left, is listed as {listed:?} with {live} live bytes"
+        ));
+    }
+    let mut txn = ctx(run.store().begin_write(), "begin")?;
+    for key in run.model["main"].1.keys() {
+        ctx(txn.delete(key), "delete")?;
+    }
+    ctx(txn.commit(), "commit")?;
+    if let Some((_, keys)) = run.model.get_mut("main") {
+        keys.clear();
+    }
+    ctx(run.store().checkpoint(), "checkpoint")?;
     if run.live_bytes()? != 0 {
         return Err(format!(
-            "{} live bytes left with no version",
+            "{} live bytes left with every version dropped and main emptied",
             run.live_bytes()?
         ));
     }

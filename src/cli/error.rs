@@ -106,10 +106,12 @@ impl From<cambium::Error> for CliError {
             cambium::Error::Poisoned(cause) => {
                 return CliError::new(exit_code_for(&e), poisoned(cause));
             }
-            cambium::Error::Locked { .. } => {
-                "; reading commands work beside it, and --wait[=SECONDS] waits for it"
-            }
-            _ => "",
+            cambium::Error::Locked { .. } => match super::open::lock_wait() {
+                None => "; reading commands work beside it, and --wait[=SECONDS] waits for it"
+                    .to_owned(),
+                Some(w) => format!(" after waiting {:.1} s (--wait)", w.as_secs_f64()),
+            },
+            _ => String::new(),
         };
         CliError::new(exit_code_for(&e), format!("{e}{hint}"))
     }

@@ -17,6 +17,11 @@ pub fn set_lock_wait(wait: Option<Duration>) {
     let _ = LOCK_WAIT.set(wait);
 }
 
+/// The `--wait` given, if any.
+pub fn lock_wait() -> Option<Duration> {
+    LOCK_WAIT.get().copied().flatten()
+}
+
 /// Opens a store for reading only: nothing is created or written, and a writer in
 /// another process neither blocks it nor is blocked by it.
 pub fn open_read_only(dir: &Path) -> Result<Store, cambium::Error> {
@@ -46,7 +51,7 @@ pub fn create(dir: &Path) -> Result<Store, cambium::Error> {
 fn writable() -> Options {
     Options {
         background_checkpoints: false,
-        lock_wait: LOCK_WAIT.get().copied().flatten(),
+        lock_wait: lock_wait(),
         ..Default::default()
     }
 }

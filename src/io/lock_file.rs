@@ -24,6 +24,7 @@
 //! (it is still replaying the log): a reader then reads every valid record.
 
 use super::{LockKind, StoreLock};
+use crate::error::file_error;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -95,6 +96,7 @@ impl StoreLock for WriterLock {
     fn publish_synced(&self, lsn: u64) -> io::Result<()> {
         self.lock_file
             .write_all_at(&encode(std::process::id(), lsn), 0)
+            .map_err(|e| file_error("write", LOCK_FILE, e))
     }
 }
 
@@ -126,16 +128,20 @@ fn try_exclusive(file: &File) -> io::Result<()> {
 pub(crate) fn lock(dir: &Path, kind: LockKind) -> io::Result<Box<dyn StoreLock>> {
     match kind {
         LockKind::Writer => {
-            let dir_file = File::open(dir)?;
-            try_exclusive(&dir_file)?;
+            let dir_name = dir.display().to_string();
+            let dir_file = File::open(dir).map_err(|e| file_error("open", &dir_name, e))?;
+            try_exclusive(&dir_file).map_err(|e| file_error("lock", &dir_name, e))?;
             let lock_file = OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create(true)
                 .truncate(false)
-                .open(dir.join(LOCK_FILE))?;
-            try_exclusive(&lock_file)?;
-            lock_file.set_len(RECORD_LEN as u64)?;
+                .open(dir.join(LOCK_FILE))
+                .map_err(|e| file_error("open", LOCK_FILE, e))?;
+            try_exclusive(&lock_file).map_err(|e| file_error("lock", LOCK_FILE, e))?;
+            lock_file
+                .set_len(RECORD_LEN as u64)
+                .map_err(|e| file_error("resize", LOCK_FILE, e))?;
             let lock = WriterLock {
                 _dir: dir_file,
                 lock_file,
@@ -144,8 +150,10 @@ pub(crate) fn lock(dir: &Path, kind: LockKind) -> io::Result<Box<dyn StoreLock>>
             Ok(Box::new(lock))
         }
         LockKind::Reader => {
-            let file = File::open(dir.join(SUPERBLOCK_FILE))?;
-            file.lock_shared()?;
+            let file = File::open(dir.join(SUPERBLOCK_FILE))
+                .map_err(|e| file_error("open", SUPERBLOCK_FILE, e))?;
+            file.lock_shared()
+                .map_err(|e| file_error("lock", SUPERBLOCK_FILE, e))?;
             Ok(Box::new(ReaderLock(file)))
         }
     }
