@@ -100,7 +100,11 @@ fn options(vfs: &SimVfs, setup: Setup) -> cambium::Options {
     let mut o = sim_options(vfs);
     match setup {
         Setup::Pinned => {}
-        Setup::SmallCache => o.cache_bytes = 16 << 10,
+        Setup::SmallCache => {
+            o.cache_bytes = 16 << 10;
+            // Transactions spill their nodes (and some of them abort) all the time.
+            o.txn_dirty_bytes = 2 << 10;
+        }
         Setup::Background => {
             o.cache_bytes = 16 << 10;
             o.background_checkpoints = true;
