@@ -102,18 +102,11 @@ pub fn exit_code_for(e: &cambium::Error) -> i32 {
 
 impl From<cambium::Error> for CliError {
     fn from(e: cambium::Error) -> Self {
-        let hint = match &e {
-            cambium::Error::Poisoned(cause) => {
-                return CliError::new(exit_code_for(&e), poisoned(cause));
-            }
-            cambium::Error::Locked { .. } => match super::open::lock_wait() {
-                None => "; reading commands work beside it, and --wait[=SECONDS] waits for it"
-                    .to_owned(),
-                Some(w) => format!(" after waiting {:.1} s (--wait)", w.as_secs_f64()),
-            },
-            _ => String::new(),
+        let msg = match &e {
+            cambium::Error::Poisoned(cause) => poisoned(cause),
+            _ => e.to_string(),
         };
-        CliError::new(exit_code_for(&e), format!("{e}{hint}"))
+        CliError::new(exit_code_for(&e), msg)
     }
 }
 

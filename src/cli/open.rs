@@ -37,8 +37,20 @@ pub fn open_read_only(dir: &Path) -> Result<Store, cambium::Error> {
 
 /// Opens a store for writing, without a background checkpoint thread (the command
 /// checkpoints when it closes the store).
-pub fn open_writable(dir: &Path) -> Result<Store, cambium::Error> {
-    Store::open_with(dir, writable())
+pub fn open_writable(dir: &Path) -> CliResult<Store> {
+    Store::open_with(dir, writable()).map_err(in_use_hint)
+}
+
+/// A store in use by another writer: say what works meanwhile, or how long we waited.
+fn in_use_hint(e: cambium::Error) -> CliError {
+    if !matches!(e, cambium::Error::Locked { .. }) {
+        return e.into();
+    }
+    let hint = match lock_wait() {
+        None => "; reading commands work beside it, and --wait[=SECONDS] waits for it".to_owned(),
+        Some(w) => format!(" after waiting {:.1} s (--wait)", w.as_secs_f64()),
+    };
+    CliError::new(exit_code_for(&e), format!("{e}{hint}"))
 }
 
 /// Creates a new, empty store, open for writing like [`open_writable`].
