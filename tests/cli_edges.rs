@@ -115,6 +115,26 @@ fn check_reads(dir: &str, bin: &str, wrap: &[&str]) {
     }
 }
 
+/// Unmounts its mount point when dropped.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Runs `mount ARGS` (whose last argument is `mnt`); `None` where this machine does not
+/// let the tests mount.
+fn mount(args: &[&str], mnt: &Path) -> Option<Unmount> {
+    Command::new("mount")
+        .args(args)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|st| st.success())
+        .then(|| Unmount(mnt.to_path_buf()))
+}
+
 fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
@@ -198,22 +218,10 @@ fn reads_work_on_a_read_only_mount() {
     let t = store_with_versions();
     let mnt = t.dir.parent().unwrap().join("ro");
     std::fs::create_dir(&mnt).unwrap();
-    let mounted = Command::new("mount")
-        .args(["--bind", "-o", "ro", t.d(), s(&mnt)])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|st| st.success());
-    if !mounted {
+    let Some(_unmount) = mount(&["--bind", "-o", "ro", t.d(), s(&mnt)], &mnt) else {
         eprintln!("cannot bind-mount here; the read-only mount case is not run");
         return;
-    }
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _unmount = Unmount(mnt.clone());
+    };
     let before = listing(&t.dir);
     check_reads(s(&mnt), BIN, &[]);
     let out = run(&["put", s(&mnt), "z", "9"]);
@@ -484,22 +492,10 @@ fn init_on_a_full_disk_leaves_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let mnt = tmp.path().join("small");
     std::fs::create_dir(&mnt).unwrap();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=12k", "tmpfs", s(&mnt)])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|st| st.success());
-    if !mounted {
+    let Some(_unmount) = mount(&["-t", "tmpfs", "-o", "size=12k", "tmpfs", s(&mnt)], &mnt) else {
         eprintln!("cannot mount a tmpfs here; the full-disk init case is not run");
         return;
-    }
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _unmount = Unmount(mnt.clone());
+    };
     // Fill it so that not even the first segment fits.
     let _ = std::fs::write(mnt.join("filler"), vec![7u8; 12 << 10]);
     let store = mnt.join("db");
@@ -550,22 +546,10 @@ fn a_full_disk_refuses_writes_honestly_and_loses_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let mnt = tmp.path().join("small");
     std::fs::create_dir(&mnt).unwrap();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=40m", "tmpfs", s(&mnt)])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|st| st.success());
-    if !mounted {
+    let Some(_unmount) = mount(&["-t", "tmpfs", "-o", "size=40m", "tmpfs", s(&mnt)], &mnt) else {
         eprintln!("cannot mount a tmpfs here; the full-disk case is not run");
         return;
-    }
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _unmount = Unmount(mnt.clone());
+    };
     let db = mnt.join("db");
     let d = s(&db);
     ok(run(&["init", d]));
