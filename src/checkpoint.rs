@@ -255,20 +255,7 @@ fn plan_meta(
 fn write(shared: &Shared, durable: &mut Durable, mut frozen: Frozen) -> Result<u64> {
     let mut written = SpaceDelta::default();
     let levels = collect_dirty(shared, &frozen.catalog)?;
-    for level in &levels {
-        write_level(shared, level, &mut written)?;
-    }
-    // Every pointer of a node written now is a back reference (its children were
-    // written before it: levels go bottom-up).
-    for node in levels.iter().flatten() {
-        let r = node
-            .disk
-            .get()
-            .expect("every collected node was written above");
-        for child in node_children(node) {
-            frozen.backrefs.add(child, r.addr);
-        }
-    }
+    write_levels(shared, &levels, &mut written, &mut frozen.backrefs)?;
     drop(levels);
     let generation = durable.sb.generation + 1;
     let MetaPlan {
@@ -422,6 +409,29 @@ fn write_meta(
             Ok((r, Chain::of_base(r)))
         }
     }
+}
+
+/// Writes `levels` bottom-up (a node's children are written before it) and records
+/// every pointer of a node written now as a back reference in `backrefs`.
+pub(crate) fn write_levels(
+    shared: &Shared,
+    levels: &[Vec<Arc<Node>>],
+    written: &mut SpaceDelta,
+    backrefs: &mut WriteStore,
+) -> Result<()> {
+    for level in levels {
+        write_level(shared, level, written)?;
+    }
+    for node in levels.iter().flatten() {
+        let r = node
+            .disk
+            .get()
+            .expect("every collected node was written above");
+        for child in node_children(node) {
+            backrefs.add(child, r.addr);
+        }
+    }
+    Ok(())
 }
 
 /// Writes one level's dirty nodes in large appends and records their addresses (a

@@ -166,45 +166,26 @@ pub(crate) fn open(
     settle(load(vfs, dir, label, opts, lock, None)?)
 }
 
-/// How many times a read-only open starts over when a checkpoint in another process
-/// lands while it reads (each try is short: a checkpoint takes much longer).
-const READER_ATTEMPTS: u32 = 100;
-
-/// A read-only open, beside a writer in another process or not. It reads the
-/// superblock, opens every segment (an open file stays readable after the writer
-/// deletes it), loads the metadata and replays the log up to what the writer has
-/// published as durable; then it reads the superblock again. Unchanged, no checkpoint
-/// landed meanwhile, so nothing it read was deleted or recycled before it was opened
-/// (files are deleted or recycled only once a newer superblock is durable), and what
-/// it loaded is one consistent state. Changed, it starts over.
+/// A read-only open, beside a writer in another process or not. It opens every
+/// segment (an open file stays readable after the writer deletes it), loads the
+/// metadata and replays the log up to what the writer has published as durable,
+/// starting over if a checkpoint landed meanwhile
+/// ([`superblock::read_between_checkpoints`]).
 fn open_reader(vfs: Arc<dyn Vfs>, dir: &Path, label: String, opts: Options) -> Result<Arc<Shared>> {
     let lock: Arc<dyn StoreLock> = vfs.lock(LockKind::Reader)?.into();
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let before = superblock::raw_bytes(&*vfs)?;
+    let loaded = superblock::read_between_checkpoints(&*vfs, &label, || {
         // Read before the log: the bound only grows, and what it covers is durable.
         let bound = vfs.published_synced().map(Lsn);
-        let opened = load(
+        load(
             vfs.clone(),
             dir,
             label.clone(),
             opts.clone(),
             lock.clone(),
             bound,
-        );
-        if superblock::raw_bytes(&*vfs)? == before {
-            return opened.map(|l| l.shared);
-        }
-        if attempt >= READER_ATTEMPTS {
-            return Err(Error::Io(std::io::Error::other(format!(
-                "{label}: the store changed under each of {READER_ATTEMPTS} attempts to read it \
-                 (another process checkpoints faster than this open reads); try again"
-            ))));
-        }
-        drop(opened);
-        std::thread::sleep(std::time::Duration::from_millis(u64::from(attempt.min(20))));
-    }
+        )
+    })?;
+    loaded.map(|l| l.shared)
 }
 
 /// Takes the writer lock, waiting up to `wait` for another process to let it go.

@@ -30,9 +30,38 @@ pub(crate) const SLOT_SIZE: usize = 4096;
 /// The file holds two slots.
 pub(crate) const FILE_BYTES: usize = 2 * SLOT_SIZE;
 
+/// How many times [`read_between_checkpoints`] starts over.
+const READ_ATTEMPTS: u32 = 100;
+
+/// Runs `read` until no checkpoint (of this process or another) lands while it runs,
+/// and returns what that run returned: the superblock's bytes are read before and
+/// after, and a checkpoint rewrites one of its slots. Files are deleted or recycled
+/// only once a newer superblock is durable, so a `read` that opened what it needs
+/// while the bytes stayed the same read one consistent state. Each try is short next
+/// to a checkpoint; after [`READ_ATTEMPTS`] it gives up.
+pub(crate) fn read_between_checkpoints<T>(
+    vfs: &dyn Vfs,
+    label: &str,
+    mut read: impl FnMut() -> T,
+) -> Result<T> {
+    for attempt in 1..=READ_ATTEMPTS {
+        let before = raw_bytes(vfs)?;
+        let value = read();
+        if raw_bytes(vfs)? == before {
+            return Ok(value);
+        }
+        drop(value);
+        std::thread::sleep(std::time::Duration::from_millis(u64::from(attempt.min(20))));
+    }
+    Err(Error::Io(std::io::Error::other(format!(
+        "{label}: the store changed under each of {READ_ATTEMPTS} attempts to read it \
+         (another process checkpoints faster than this reads); try again"
+    ))))
+}
+
 /// The superblock file's bytes (both slots): a checkpoint rewrites one of them, so
 /// equal bytes before and after a read mean no checkpoint landed in between.
-pub(crate) fn raw_bytes(vfs: &dyn Vfs) -> Result<Vec<u8>> {
+fn raw_bytes(vfs: &dyn Vfs) -> Result<Vec<u8>> {
     let file = vfs.open(FILE_NAME)?;
     let len = usize::try_from(file.len()?).unwrap_or(usize::MAX);
     let mut buf = vec![0; len.min(FILE_BYTES)];

@@ -22,7 +22,7 @@ use crate::format::FORMAT_VERSION;
 use crate::format::{Addr, BlockRef, SegmentId};
 use crate::meta::{self, Meta};
 use crate::space::{Segments, Usage};
-use crate::superblock::{Slot, SuperblockFile};
+use crate::superblock::{read_between_checkpoints, Slot, SuperblockFile};
 use crate::wal::{self, Generations, Record};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -228,9 +228,6 @@ impl Visitor for TreeCheck<'_, '_> {
     }
 }
 
-/// How many times `verify` starts reading over when a checkpoint lands meanwhile.
-const ATTEMPTS: u32 = 100;
-
 /// What `verify` reads of the durable state before it checks anything: the files it
 /// will walk held open, and everything a checkpoint could delete or recycle (the
 /// back-reference runs, the log) read into memory.
@@ -284,23 +281,8 @@ impl Durable {
 /// then run on what was read (the segments through the handles opened, which stay
 /// readable after a deletion).
 pub(crate) fn verify(shared: &Shared, progress: &mut dyn FnMut(u64)) -> Result<VerifyReport> {
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let before = crate::superblock::raw_bytes(&*shared.vfs)?;
-        let durable = Durable::read(shared)?;
-        if crate::superblock::raw_bytes(&*shared.vfs)? == before {
-            return check(durable, progress);
-        }
-        if attempt >= ATTEMPTS {
-            return Err(Error::Io(std::io::Error::other(format!(
-                "{}: the store changed under each of {ATTEMPTS} attempts to read it \
-                 (another process checkpoints faster than verify reads); try again",
-                shared.label
-            ))));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(u64::from(attempt.min(20))));
-    }
+    let durable = read_between_checkpoints(&*shared.vfs, &shared.label, || Durable::read(shared))??;
+    check(durable, progress)
 }
 
 fn check(durable: Durable, progress: &mut dyn FnMut(u64)) -> Result<VerifyReport> {

@@ -127,6 +127,17 @@ fn keys_and_verify(dir: &str) -> usize {
     keys
 }
 
+/// Reports `peak` for `what` and asserts it is under the documented bound.
+#[track_caller]
+fn assert_under_bound(what: &str, peak: u64) {
+    eprintln!("{what}: peak RSS {} MiB", peak / MIB);
+    assert!(
+        peak < BATCH_BOUND_BYTES,
+        "{what}: peak RSS {} MiB is over the documented bound",
+        peak / MIB
+    );
+}
+
 #[test]
 fn one_transaction_stays_under_the_bound() {
     let dir = init();
@@ -137,15 +148,7 @@ fn one_transaction_stays_under_the_bound() {
         String::from_utf8_lossy(&out.stdout),
         format!("committed {LINES}\n")
     );
-    eprintln!(
-        "one transaction of {LINES} lines: peak RSS {} MiB",
-        peak / MIB
-    );
-    assert!(
-        peak < BATCH_BOUND_BYTES,
-        "peak RSS {} MiB is over the documented bound",
-        peak / MIB
-    );
+    assert_under_bound(&format!("one transaction of {LINES} lines"), peak);
     assert_eq!(keys_and_verify(d), LINES as usize);
 }
 
@@ -158,15 +161,7 @@ fn commit_every_stays_under_the_bound() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(stdout.lines().count() as u64, LINES / 100_000);
     assert!(stdout.ends_with(&format!("committed {LINES}\n")));
-    eprintln!(
-        "--commit-every 100000, {LINES} lines: peak RSS {} MiB",
-        peak / MIB
-    );
-    assert!(
-        peak < BATCH_BOUND_BYTES,
-        "peak RSS {} MiB is over the documented bound",
-        peak / MIB
-    );
+    assert_under_bound(&format!("--commit-every 100000, {LINES} lines"), peak);
     assert_eq!(keys_and_verify(d), LINES as usize);
 }
 

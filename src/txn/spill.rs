@@ -33,7 +33,6 @@
 
 use crate::backref::WriteStore;
 use crate::btree::node::{Body, Child, Node};
-use crate::btree::node_children;
 use crate::btree::refcount::{RefCounts, Target};
 use crate::checkpoint;
 use crate::engine::Shared;
@@ -61,21 +60,9 @@ pub(crate) fn spill(
         collect(r, refs, epoch, &mut levels);
     }
     let mut written = SpaceDelta::default();
-    for level in &levels {
-        checkpoint::write_level(shared, level, &mut written)?;
-    }
     let mut edges = WriteStore::default();
-    let mut spilled = HashSet::new();
-    for node in levels.iter().flatten() {
-        let r = node
-            .disk
-            .get()
-            .expect("every collected node was written above");
-        for child in node_children(node) {
-            edges.add(child, r.addr);
-        }
-        spilled.insert(Arc::as_ptr(node));
-    }
+    checkpoint::write_levels(shared, &levels, &mut written, &mut edges)?;
+    let spilled: HashSet<*const Node> = levels.iter().flatten().map(Arc::as_ptr).collect();
     drop(levels);
     if let Some(r) = root.as_mut() {
         unlink(r, &spilled);
