@@ -422,15 +422,15 @@ pub(crate) fn write_levels(
     for level in levels {
         write_level(shared, level, written)?;
     }
+    let mut edges = Vec::new();
     for node in levels.iter().flatten() {
         let r = node
             .disk
             .get()
             .expect("every collected node was written above");
-        for child in node_children(node) {
-            backrefs.add(child, r.addr);
-        }
+        edges.extend(node_children(node).map(|child| (child, r.addr)));
     }
+    backrefs.add_written(edges);
     Ok(())
 }
 

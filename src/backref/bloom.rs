@@ -4,20 +4,16 @@
 //! `bits` is a power of two of about [`BITS_PER_KEY`] bits per key, probed
 //! [`HASHES`] times by double hashing; at 10 bits and 6 probes a key absent from the
 //! run is reported present about 0.8% of the time. A key present is always reported
-//! present (tested).
+//! present (tested). It is not stored: a run rebuilds it from its records at
+//! load.
 
-// Decodes untrusted bytes: no indexing.
+// Probes computed bits: no indexing.
 #![cfg_attr(not(test), deny(clippy::indexing_slicing))]
-
-use crate::error::Result;
-use crate::format::{put_u32, put_u64, Decoder};
 
 /// Filter bits per key.
 pub(crate) const BITS_PER_KEY: usize = 10;
 /// Probes per key.
 pub(crate) const HASHES: u32 = 6;
-/// The most probes a decoded filter may ask for.
-const HASHES_MAX: u32 = 16;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Bloom {
@@ -75,37 +71,5 @@ impl Bloom {
                 .get(word)
                 .is_some_and(|w| w & (1 << (bit % 64)) != 0)
         })
-    }
-
-    /// Encoded size in bytes.
-    pub(crate) fn encoded_len(&self) -> usize {
-        8 + self.words.len() * 8
-    }
-
-    /// `hashes u32, word_count u32, words u64...`
-    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
-        put_u32(out, self.hashes);
-        put_u32(
-            out,
-            u32::try_from(self.words.len()).expect("filter sized from a u32-bounded run"),
-        );
-        for &w in &self.words {
-            put_u64(out, w);
-        }
-    }
-
-    pub(crate) fn decode(d: &mut Decoder<'_>) -> Result<Bloom> {
-        let hashes = d.u32()?;
-        if hashes == 0 || hashes > HASHES_MAX {
-            return Err(d.error(format!("bloom filter with {hashes} hashes")));
-        }
-        let word_count = d.u32()? as usize;
-        if !word_count.is_power_of_two() || word_count.saturating_mul(8) > d.remaining() {
-            return Err(d.error(format!("bloom filter of {word_count} words")));
-        }
-        let words = (0..word_count)
-            .map(|_| d.u64())
-            .collect::<Result<Vec<u64>>>()?;
-        Ok(Bloom { words, hashes })
     }
 }

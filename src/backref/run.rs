@@ -8,16 +8,34 @@
 //!
 //! ```text
 //! magic        8 bytes  "cmbBRrun"
-//! version      u32      RUN_VERSION
+//! version      u32      RUN_VERSION (2; version 1 is still read, see below)
 //! flags        u32      bit 0: combined (written by a compaction); others zero
 //! seq          u64      this run's number (matches the file name and manifest)
 //! gen          u64      the checkpoint generation that wrote it
 //! record_count u64
-//! records      record_count x 32 bytes, strictly increasing by (child, parent):
-//!   child u64, parent u64, gen u64, len u32, kind u8 (1 From, 2 To, 3 Gone), 3 zero bytes
-//! bloom        hashes u32, word_count u32 (a power of two), word_count x u64
+//! records      record_count records, strictly increasing by (child, parent),
+//!              each coded against the record before it (the first against
+//!              child 0, parent 0, len 0):
+//!   tag        u8       bits 0-1 kind (1 From, 2 To, 3 Gone);
+//!                       bit 2 same child as the previous record (no child field);
+//!                       bit 3 a From whose len equals the previous record's (no len);
+//!                       bit 4 a gen field follows; bits 5-7 zero
+//!   child      varint   child - previous child (> 0), unless bit 2
+//!   parent     varint   parent - previous parent (> 0) under bit 2, else the
+//!                       zigzag of the wrapping difference
+//!   len        varint   a From's length, unless bit 3
+//!   gen        varint   zigzag of (run gen - record gen) under bit 4; otherwise
+//!                       the record's gen is the run's
 //! crc          u32      CRC-32C of everything before it
 //! ```
+//!
+//! Varints are LEB128 (7 bits a byte, low first, at most 10 bytes). Sorted records
+//! make most differences small: a level-0 record takes 6 to 9 bytes where version 1
+//! took 32. The Bloom filter is derived data, rebuilt from the records at load.
+//!
+//! Version 1 (still read): the same header, then `record_count` fixed records of 32
+//! bytes (`child u64, parent u64, gen u64, len u32, kind u8, 3 zero bytes`), then the
+//! Bloom filter (`hashes u32, word_count u32, word_count x u64`), then the crc.
 
 // Decodes untrusted bytes: no indexing.
 #![cfg_attr(not(test), deny(clippy::indexing_slicing))]
@@ -30,11 +48,20 @@ use crate::format::{crc, put_u32, put_u64, put_u8, Addr, Decoder};
 use std::ops::RangeInclusive;
 
 const MAGIC: &[u8; 8] = b"cmbBRrun";
-/// The run layout this build reads and writes.
-pub(crate) const RUN_VERSION: u32 = 1;
+/// The run layout this build writes.
+pub(crate) const RUN_VERSION: u32 = 2;
+/// The fixed-record layout of earlier builds, still read.
+const RUN_VERSION_FIXED: u32 = 1;
 pub(crate) const HEADER_SIZE: usize = 40;
-pub(crate) const RECORD_SIZE: usize = 32;
+/// A version-1 record's size.
+const FIXED_RECORD_SIZE: usize = 32;
 const FLAG_COMBINED: u32 = 1;
+
+/// Tag bits of a version-2 record (bits 0-1 are the kind).
+const TAG_KIND: u8 = 0b11;
+const TAG_SAME_CHILD: u8 = 1 << 2;
+const TAG_SAME_LEN: u8 = 1 << 3;
+const TAG_OWN_GEN: u8 = 1 << 4;
 
 pub(crate) fn file_name(seq: u64) -> String {
     format!("backref-{seq:016x}.run")
@@ -114,18 +141,18 @@ impl Run {
             "run records are sorted and unique"
         );
         let bloom = Bloom::build(records.len(), records.iter().map(|r| r.child.0));
-        let mut out =
-            Vec::with_capacity(HEADER_SIZE + records.len() * RECORD_SIZE + bloom.encoded_len() + 4);
+        let mut out = Vec::with_capacity(HEADER_SIZE + records.len() * 8 + 4);
         out.extend_from_slice(MAGIC);
         put_u32(&mut out, RUN_VERSION);
         put_u32(&mut out, if combined { FLAG_COMBINED } else { 0 });
         put_u64(&mut out, seq);
         put_u64(&mut out, gen);
         put_u64(&mut out, records.len() as u64);
+        let mut prev = START;
         for r in &records {
-            encode_record(r, &mut out);
+            encode_record(r, &prev, gen, &mut out);
+            prev = *r;
         }
-        bloom.encode(&mut out);
         let sum = crc(&out);
         put_u32(&mut out, sum);
         let meta = RunMeta {
@@ -222,20 +249,75 @@ impl Run {
         }
         self.range(&(child.0..=child.0))
     }
+}
 
-    #[cfg(test)]
-    pub(crate) fn bloom(&self) -> &Bloom {
-        &self.bloom
+/// What the first record of a run is coded against.
+const START: Record = Record {
+    child: Addr(0),
+    parent: Addr(0),
+    gen: 0,
+    len: 0,
+    kind: Kind::From,
+};
+
+/// Appends `r`, coded against `prev` (the record before it, or [`START`]) in a run of
+/// generation `run_gen`.
+fn encode_record(r: &Record, prev: &Record, run_gen: u64, out: &mut Vec<u8>) {
+    let same_child = r.child == prev.child;
+    let same_len = r.kind == Kind::From && r.len == prev.len;
+    let own_gen = r.gen != run_gen;
+    let tag = r.kind.code()
+        | if same_child { TAG_SAME_CHILD } else { 0 }
+        | if same_len { TAG_SAME_LEN } else { 0 }
+        | if own_gen { TAG_OWN_GEN } else { 0 };
+    put_u8(out, tag);
+    if same_child {
+        put_varint(out, r.parent.0.wrapping_sub(prev.parent.0));
+    } else {
+        put_varint(out, r.child.0.wrapping_sub(prev.child.0));
+        put_varint(out, zigzag(r.parent.0.wrapping_sub(prev.parent.0)));
+    }
+    if r.kind == Kind::From && !same_len {
+        put_varint(out, u64::from(r.len));
+    }
+    if own_gen {
+        put_varint(out, zigzag(run_gen.wrapping_sub(r.gen)));
     }
 }
 
-fn encode_record(r: &Record, out: &mut Vec<u8>) {
-    put_u64(out, r.child.0);
-    put_u64(out, r.parent.0);
-    put_u64(out, r.gen);
-    put_u32(out, r.len);
-    put_u8(out, r.kind.code());
-    out.extend_from_slice(&[0; 3]);
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn varint(d: &mut Decoder<'_>) -> Result<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let byte = d.u8()?;
+        let bits = u64::from(byte & 0x7f);
+        if shift == 63 && bits > 1 {
+            return Err(d.error("varint overflows 64 bits"));
+        }
+        v |= bits << shift;
+        if byte & 0x80 == 0 {
+            return Ok(v);
+        }
+    }
+    Err(d.error("varint longer than 10 bytes"))
+}
+
+/// A wrapping difference as a small unsigned number: 0, -1, 1, -2, ... map to
+/// 0, 1, 2, 3, ...
+fn zigzag(diff: u64) -> u64 {
+    let signed = diff as i64;
+    ((signed << 1) ^ (signed >> 63)) as u64
+}
+
+fn unzigzag(v: u64) -> u64 {
+    (v >> 1) ^ (v & 1).wrapping_neg()
 }
 
 fn decode_body(body: &[u8], meta: &RunMeta) -> Result<Run> {
@@ -244,7 +326,7 @@ fn decode_body(body: &[u8], meta: &RunMeta) -> Result<Run> {
         return Err(d.error("bad magic"));
     }
     let version = d.u32()?;
-    if version != RUN_VERSION {
+    if version != RUN_VERSION && version != RUN_VERSION_FIXED {
         return Err(Error::FormatVersion {
             found: version,
             supported: RUN_VERSION,
@@ -260,19 +342,36 @@ fn decode_body(body: &[u8], meta: &RunMeta) -> Result<Run> {
     if seq != meta.seq || count != meta.record_count {
         return Err(d.error(format!("header says run {seq} of {count} records")));
     }
+    // Every record takes at least two bytes (a tag and a parent), or 32 in version 1:
+    // a count the bytes cannot hold is refused before anything is allocated for it.
+    let min_size = if version == RUN_VERSION {
+        2
+    } else {
+        FIXED_RECORD_SIZE
+    };
     let count = usize::try_from(count).unwrap_or(usize::MAX);
-    if count == 0 || count.saturating_mul(RECORD_SIZE) > d.remaining() {
+    if count == 0 || count.saturating_mul(min_size) > d.remaining() {
         return Err(d.error(format!("{count} records do not fit")));
     }
     let mut records: Vec<Record> = Vec::with_capacity(count);
+    let mut prev = START;
     for _ in 0..count {
-        let r = decode_record(&mut d)?;
+        let r = if version == RUN_VERSION {
+            decode_record(&mut d, &prev, gen)?
+        } else {
+            decode_fixed_record(&mut d)?
+        };
         if records.last().is_some_and(|prev| prev.key() >= r.key()) {
             return Err(d.error(format!("record {:?} out of order", r.key())));
         }
+        check_record(&d, &r)?;
         records.push(r);
+        prev = r;
     }
-    let bloom = Bloom::decode(&mut d)?;
+    if version == RUN_VERSION_FIXED {
+        // Version 1 stored its filter; the records are the truth, so it is skipped.
+        skip_fixed_bloom(&mut d)?;
+    }
     if d.remaining() != 0 {
         return Err(d.error(format!("{} trailing bytes", d.remaining())));
     }
@@ -280,13 +379,52 @@ fn decode_body(body: &[u8], meta: &RunMeta) -> Result<Run> {
         meta: *meta,
         gen,
         combined: flags & FLAG_COMBINED != 0,
+        bloom: Bloom::build(records.len(), records.iter().map(|r| r.child.0)),
         index: build_index(&records),
         records,
-        bloom,
     })
 }
 
-fn decode_record(d: &mut Decoder<'_>) -> Result<Record> {
+/// Decodes one version-2 record coded against `prev` in a run of generation
+/// `run_gen`.
+fn decode_record(d: &mut Decoder<'_>, prev: &Record, run_gen: u64) -> Result<Record> {
+    let tag = d.u8()?;
+    let kind =
+        Kind::from_code(tag & TAG_KIND).ok_or_else(|| d.error(format!("record tag {tag:#04x}")))?;
+    let unknown = tag & !(TAG_KIND | TAG_SAME_CHILD | TAG_SAME_LEN | TAG_OWN_GEN) != 0;
+    if unknown || (tag & TAG_SAME_LEN != 0 && kind != Kind::From) {
+        return Err(d.error(format!("record tag {tag:#04x}")));
+    }
+    let (child, parent) = if tag & TAG_SAME_CHILD != 0 {
+        (prev.child, prev.parent.0.wrapping_add(varint(d)?))
+    } else {
+        let child = prev.child.0.wrapping_add(varint(d)?);
+        (
+            Addr(child),
+            prev.parent.0.wrapping_add(unzigzag(varint(d)?)),
+        )
+    };
+    let len = match kind {
+        Kind::From if tag & TAG_SAME_LEN != 0 => prev.len,
+        Kind::From => u32::try_from(varint(d)?).map_err(|_| d.error("record length"))?,
+        Kind::To | Kind::Gone => 0,
+    };
+    let gen = if tag & TAG_OWN_GEN != 0 {
+        run_gen.wrapping_sub(unzigzag(varint(d)?))
+    } else {
+        run_gen
+    };
+    Ok(Record {
+        child,
+        parent: Addr(parent),
+        gen,
+        len,
+        kind,
+    })
+}
+
+/// Decodes one version-1 record.
+fn decode_fixed_record(d: &mut Decoder<'_>) -> Result<Record> {
     let child = Addr(d.u64()?);
     let parent = Addr(d.u64()?);
     let gen = d.u64()?;
@@ -294,12 +432,7 @@ fn decode_record(d: &mut Decoder<'_>) -> Result<Record> {
     let code = d.u8()?;
     let pad = d.bytes(3)?;
     let kind = Kind::from_code(code).ok_or_else(|| d.error(format!("record kind {code}")))?;
-    let gone_ok = if kind == Kind::Gone {
-        child == GONE_CHILD && len == 0
-    } else {
-        child != GONE_CHILD
-    };
-    if pad != [0; 3] || (kind == Kind::To && len != 0) || !gone_ok {
+    if pad != [0; 3] {
         return Err(d.error("malformed record"));
     }
     Ok(Record {
@@ -309,4 +442,27 @@ fn decode_record(d: &mut Decoder<'_>) -> Result<Record> {
         len,
         kind,
     })
+}
+
+/// The rules every decoded record keeps, whatever its encoding: a `To` has no
+/// length, and exactly the `Gone` records have the child `GONE_CHILD` (and no
+/// length).
+fn check_record(d: &Decoder<'_>, r: &Record) -> Result<()> {
+    let gone_ok = if r.kind == Kind::Gone {
+        r.child == GONE_CHILD && r.len == 0
+    } else {
+        r.child != GONE_CHILD
+    };
+    if (r.kind == Kind::To && r.len != 0) || !gone_ok {
+        return Err(d.error("malformed record"));
+    }
+    Ok(())
+}
+
+/// Skips a version-1 Bloom filter (`hashes u32, word_count u32, words`).
+fn skip_fixed_bloom(d: &mut Decoder<'_>) -> Result<()> {
+    let _hashes = d.u32()?;
+    let word_count = d.u32()? as usize;
+    d.bytes(word_count.saturating_mul(8))?;
+    Ok(())
 }

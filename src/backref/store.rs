@@ -4,7 +4,7 @@
 //! Crash-consistency protocol (the engine's side of invariants 4 and 5 in `mod.rs`):
 //!
 //! 1. at checkpoint `gen`, the engine freezes its write store (`std::mem::take`),
-//!    `add`s the edges of every node the checkpoint writes, and calls
+//!    records the edges of every node the checkpoint writes (`add_written`), and calls
 //!    `persist(frozen, gen)`; it returns the manifest bytes once every new run file
 //!    and the directory are durable;
 //! 2. the engine embeds those bytes in its metadata and writes its superblock;
@@ -28,6 +28,7 @@ use std::collections::BTreeSet;
 use std::io;
 use std::ops::{Range, RangeInclusive};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// More runs than this after a checkpoint trigger a compaction into one.
 pub(crate) const MAX_RUNS: usize = 8;
@@ -45,6 +46,9 @@ pub(crate) struct BackrefStore {
     /// the write store holds only what came after the manifest).
     retired: BTreeSet<SegmentId>,
     next_seq: u64,
+    /// Time spent on back references since open: recording them (the write stores
+    /// persisted so far), writing runs and compacting.
+    time_spent: Duration,
 }
 
 impl BackrefStore {
@@ -66,6 +70,7 @@ impl BackrefStore {
             deleted: manifest.deleted.into_iter().collect(),
             retired: BTreeSet::new(),
             next_seq: manifest.next_seq,
+            time_spent: Duration::ZERO,
         })
     }
 
@@ -83,14 +88,26 @@ impl BackrefStore {
     /// compacts if that makes more than [`MAX_RUNS`] runs, makes the files and the
     /// directory durable, and returns the new manifest.
     pub(crate) fn persist(&mut self, frozen: WriteStore, gen: u64) -> Result<Vec<u8>> {
-        self.checkpoint(&frozen, gen, false)
+        let started = Instant::now();
+        let result = self.checkpoint(&frozen, gen, false);
+        self.time_spent += frozen.time_spent + started.elapsed();
+        result
     }
 
     /// Merges every run into one combined run now (cancelling `From`/`To` pairs and
     /// purging records the deletion vector kills) and returns the new manifest. The
     /// runs it replaces stay on disk until `collect_garbage` no longer has to keep them.
     pub(crate) fn compact(&mut self, gen: u64) -> Result<Vec<u8>> {
-        self.checkpoint(&WriteStore::default(), gen, true)
+        let started = Instant::now();
+        let result = self.checkpoint(&WriteStore::default(), gen, true);
+        self.time_spent += started.elapsed();
+        result
+    }
+
+    /// Time spent on back references since open: recording the edges of the write
+    /// stores persisted so far, writing their runs (fsyncs included) and compacting.
+    pub(crate) fn time_spent(&self) -> Duration {
+        self.time_spent
     }
 
     fn checkpoint(&mut self, frozen: &WriteStore, gen: u64, force: bool) -> Result<Vec<u8>> {
