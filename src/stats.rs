@@ -84,6 +84,17 @@ pub struct Stats {
     pub backref_runs: u64,
     /// Bytes of the back-reference run files.
     pub backref_bytes: u64,
+    /// Nanoseconds spent on back references since open: recording edges (as nodes are
+    /// written and freed), writing runs and compacting them. Up to the last
+    /// checkpoint; what it costs the writer.
+    pub backref_nanos: u64,
+    /// Bytes of back-reference runs written since open (each checkpoint's level-0
+    /// run, and compactions).
+    pub backref_written_bytes: u64,
+    /// Records in the runs written since open.
+    pub backref_written_records: u64,
+    /// Compactions of the back references since open.
+    pub backref_compactions: u64,
 }
 
 pub(crate) fn collect(shared: &Shared) -> Result<Stats> {
@@ -132,6 +143,11 @@ pub(crate) fn collect(shared: &Shared) -> Result<Stats> {
         s.backref_records = b.record_count();
         s.backref_runs = b.run_count() as u64;
         s.backref_bytes = b.bytes_on_disk();
+        s.backref_nanos = u64::try_from(b.time_spent().as_nanos()).unwrap_or(u64::MAX);
+        let written = b.written();
+        s.backref_written_bytes = written.bytes;
+        s.backref_written_records = written.records;
+        s.backref_compactions = written.compactions;
     }
     s.cache_capacity_bytes = shared.cache.capacity();
     s.cache_bytes = shared.cache.bytes();

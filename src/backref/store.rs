@@ -49,6 +49,16 @@ pub(crate) struct BackrefStore {
     /// Time spent on back references since open: recording them (the write stores
     /// persisted so far), writing runs and compacting.
     time_spent: Duration,
+    /// What `persist` and `compact` wrote since open.
+    written: Written,
+}
+
+/// Totals of the runs a store wrote since open (level-0 runs and compactions).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Written {
+    pub bytes: u64,
+    pub records: u64,
+    pub compactions: u64,
 }
 
 impl BackrefStore {
@@ -71,6 +81,7 @@ impl BackrefStore {
             retired: BTreeSet::new(),
             next_seq: manifest.next_seq,
             time_spent: Duration::ZERO,
+            written: Written::default(),
         })
     }
 
@@ -110,6 +121,11 @@ impl BackrefStore {
         self.time_spent
     }
 
+    /// What this store wrote since open.
+    pub(crate) fn written(&self) -> Written {
+        self.written
+    }
+
     fn checkpoint(&mut self, frozen: &WriteStore, gen: u64, force: bool) -> Result<Vec<u8>> {
         let mut next_seq = self.next_seq;
         let records: Vec<Record> = frozen.records(gen).filter(|r| !self.is_dead(r)).collect();
@@ -134,6 +150,11 @@ impl BackrefStore {
             self.vfs.sync_dir()?;
         }
         // Everything is durable: commit the new state.
+        for run in level0.iter().chain(&combined) {
+            self.written.bytes += run.meta.file_len;
+            self.written.records += run.meta.record_count;
+        }
+        self.written.compactions += u64::from(compact);
         self.next_seq = next_seq;
         if compact {
             self.runs = combined.into_iter().collect();

@@ -53,9 +53,6 @@ overhead
   --extent-checkpoints N   checkpoints with 4 KiB values (default 30)
   --working-set N          keys, small values (default 200k)
   --extent-working-set N   keys, 4 KiB values (default 32k)
-  --add-ns F               write-store add/remove ns (from the backref micro-benchmark)
-  --persist-ns F           persist ns per record (from the backref micro-benchmark)
-  --compact-ns F           compaction ns per record written (from the micro-benchmark)
 footprint
   --small-keys N           keys of the small-value store (default 1M)
   --extent-keys N          4 KiB values of the extent store (default 64k)
@@ -174,12 +171,6 @@ fn parse_count(flag: &str, v: Option<String>) -> Result<u64, String> {
         .map_err(|_| format!("{flag}: not a number: {v}"))
 }
 
-fn parse_float(flag: &str, v: Option<String>) -> Result<f64, String> {
-    let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
-    v.parse::<f64>()
-        .map_err(|_| format!("{flag}: not a number: {v}"))
-}
-
 fn default_cli() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
@@ -202,9 +193,6 @@ fn defaults() -> Config {
             working_set: 200_000,
             extent_working_set: 32_000,
             puts_per_checkpoint: 32_000,
-            add_ns: None,
-            persist_ns: None,
-            compact_ns: None,
         },
         footprint: footprint::Params {
             small_keys: 1_000_000,
@@ -232,7 +220,6 @@ fn parse_args() -> Result<Config, String> {
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let n = |args: &mut dyn Iterator<Item = String>| parse_count(&a, args.next());
-        let f = |args: &mut dyn Iterator<Item = String>| parse_float(&a, args.next());
         match a.as_str() {
             "-h" | "--help" => {
                 print!("{USAGE}");
@@ -247,9 +234,6 @@ fn parse_args() -> Result<Config, String> {
             "--extent-checkpoints" => c.overhead.extent_checkpoints = n(&mut args)?.max(1),
             "--working-set" => c.overhead.working_set = n(&mut args)?.max(1000),
             "--extent-working-set" => c.overhead.extent_working_set = n(&mut args)?.max(1000),
-            "--add-ns" => c.overhead.add_ns = Some(f(&mut args)?),
-            "--persist-ns" => c.overhead.persist_ns = Some(f(&mut args)?),
-            "--compact-ns" => c.overhead.compact_ns = Some(f(&mut args)?),
             "--small-keys" => c.footprint.small_keys = n(&mut args)?.max(1000),
             "--extent-keys" => c.footprint.extent_keys = n(&mut args)?.max(1000),
             "--versions" => {

@@ -5,21 +5,19 @@
 //! `Deferred` transaction), 10% of them rewriting one of the last 1,000 keys written
 //! (Backlog's duplicates), each interval ended by `Store::checkpoint`. Every 14th
 //! checkpoint a snapshot of `main` is taken and, when two exist, the oldest is dropped
-//! (about 7 clones per 100 checkpoints). After each checkpoint the store directory is
-//! listed: the bytes of every `backref-*.run` file not seen before are the bytes the
-//! back references wrote (level-0 runs and compactions alike).
-//!
-//! Records written: on a checkpoint that does not compact, the growth of
-//! `Stats::backref_records` (the new run's records); on one that compacts, the
-//! compacted run's records plus the level-0 run's, the latter estimated from its file
-//! size at the bytes per record of the non-compacting runs.
+//! (about 7 clones per 100 checkpoints). The engine counts what its back references
+//! wrote (`Stats::backref_written_bytes` and `_records`: level-0 runs and compactions
+//! alike) and the time it spent on them (`Stats::backref_nanos`: recording edges as
+//! nodes are written and freed, writing runs with their fsyncs, compacting); the
+//! differences over the measured checkpoints are reported per put. A compacting
+//! checkpoint's merged run is the store's whole record count after it.
 
 use crate::stat::{fmt_bytes, fmt_us, median};
 use crate::workload::{Res, Rng};
-use crate::{files, key, load, manual_options, Ctx};
+use crate::{key, load, manual_options, Ctx};
 use cambium::{Durability, Store};
 use serde_json::json;
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::time::Instant;
 
 pub struct Params {
@@ -28,12 +26,6 @@ pub struct Params {
     pub working_set: u64,
     pub extent_working_set: u64,
     pub puts_per_checkpoint: u64,
-    /// Write-store add/remove, ns (the micro-benchmark's); for the CPU estimate.
-    pub add_ns: Option<f64>,
-    /// Persist, ns per record (the micro-benchmark's).
-    pub persist_ns: Option<f64>,
-    /// Compaction, ns per record written (the micro-benchmark's).
-    pub compact_ns: Option<f64>,
 }
 
 #[derive(Clone, Copy)]
@@ -56,6 +48,8 @@ struct Outcome {
     final_runs: u64,
     final_backref_bytes: u64,
     live_bytes: u64,
+    /// `Stats::backref_nanos` over the measured checkpoints.
+    backref_nanos: u64,
 }
 
 const BATCH: u64 = 1000;
@@ -109,42 +103,22 @@ fn one(ctx: &Ctx, p: &Params, v: Variant, run: usize) -> Res<Outcome> {
         value(&mut rng, v.value_bytes)
     })?;
     store.checkpoint()?;
-    let mut seen: HashSet<String> = files(&db, "backref-", ".run")?
-        .into_iter()
-        .map(|f| f.0)
-        .collect();
     let mut o = Outcome::default();
     let mut recent = VecDeque::with_capacity(RECENT);
     let mut snaps: VecDeque<String> = VecDeque::new();
-    let mut before = store.stats()?;
-    // Bytes per record of level-0 runs (for the compacting checkpoints' level 0).
-    let (mut l0_bytes, mut l0_records) = (0u64, 0u64);
+    let start = store.stats()?;
+    let mut before = start.clone();
     for c in 0..v.checkpoints {
         o.put_secs += interval(&store, v, p.puts_per_checkpoint, &mut rng, &mut recent)?;
         o.ops += p.puts_per_checkpoint;
         let t = Instant::now();
         store.checkpoint()?;
         o.checkpoint_secs.push(t.elapsed().as_secs_f64());
-        let mut new_files = Vec::new();
-        for (name, len) in files(&db, "backref-", ".run")? {
-            if seen.insert(name) {
-                new_files.push(len);
-                o.run_bytes += len;
-            }
-        }
         let after = store.stats()?;
-        if after.backref_runs > before.backref_runs {
-            let added = after.backref_records.saturating_sub(before.backref_records);
-            o.level0_records += added;
-            l0_bytes += new_files.iter().sum::<u64>();
-            l0_records += added;
-        } else if !new_files.is_empty() {
-            // Compacted: the largest new file is the merged run; the rest is level 0.
+        if after.backref_compactions > before.backref_compactions {
+            // The merged run is all the store holds now; the rest was level 0.
             o.compactions += 1;
             o.compact_records += after.backref_records;
-            new_files.sort_unstable();
-            let level0: u64 = new_files[..new_files.len() - 1].iter().sum();
-            o.level0_records += (level0 * l0_records).checked_div(l0_bytes).unwrap_or(0);
         }
         before = after;
         if c % SNAPSHOT_EVERY == SNAPSHOT_EVERY - 1 {
@@ -156,6 +130,10 @@ fn one(ctx: &Ctx, p: &Params, v: Variant, run: usize) -> Res<Outcome> {
             }
         }
     }
+    o.run_bytes = before.backref_written_bytes - start.backref_written_bytes;
+    o.level0_records =
+        (before.backref_written_records - start.backref_written_records) - o.compact_records;
+    o.backref_nanos = before.backref_nanos - start.backref_nanos;
     let s = store.stats()?;
     o.final_runs = s.backref_runs;
     o.final_backref_bytes = s.backref_bytes;
@@ -193,12 +171,11 @@ pub fn run(ctx: &Ctx, p: &Params) -> Res<(String, serde_json::Value)> {
         "{} random puts per checkpoint (1,000 per `Deferred` transaction, 10% rewriting one of the last 1,000 keys), \
          a snapshot every {SNAPSHOT_EVERY} checkpoints with the oldest dropped when two exist; auto-clean off; \
          {} run(s), medians.\n\n\
-         | workload | working set | checkpoints | run bytes / op | extra 4 KiB pages / op | level-0 records / op | compacted records / op | compactions | put + checkpoint / op | checkpoint (median) | runs at end | backref bytes / live at end |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         | workload | working set | checkpoints | run bytes / op | extra 4 KiB pages / op | level-0 records / op | compacted records / op | compactions | back-reference time / op | put + checkpoint / op | checkpoint (median) | runs at end | backref bytes / live at end |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         p.puts_per_checkpoint, ctx.runs
     );
     let mut js = Vec::new();
-    let mut est_rows = String::new();
     for v in variants {
         let mut outs = Vec::new();
         for r in 0..ctx.runs {
@@ -212,8 +189,9 @@ pub fn run(ctx: &Ctx, p: &Params) -> Res<(String, serde_json::Value)> {
             m(&|o| (o.put_secs + o.checkpoint_secs.iter().sum::<f64>()) * 1e6 / o.ops as f64);
         let cp_us = m(&|o| median(&o.checkpoint_secs) * 1e6);
         let ratio = m(&|o| o.final_backref_bytes as f64 / o.live_bytes.max(1) as f64);
+        let cpu_us = m(&|o| o.backref_nanos as f64 / 1e3 / o.ops as f64);
         md.push_str(&format!(
-            "| {} | {} keys | {} | {:.1} B | {:.4} | {:.3} | {:.3} | {} | {:.2} µs | {} | {} | {:.2}% |\n",
+            "| {} | {} keys | {} | {:.1} B | {:.4} | {:.3} | {:.3} | {} | {:.3} µs | {:.2} µs | {} | {} | {:.2}% |\n",
             v.label,
             v.working_set,
             v.checkpoints,
@@ -222,39 +200,25 @@ pub fn run(ctx: &Ctx, p: &Params) -> Res<(String, serde_json::Value)> {
             l0_op,
             comp_op,
             m(&|o| o.compactions as f64),
+            cpu_us,
             op_us,
             fmt_us(cp_us),
             m(&|o| o.final_runs as f64),
             ratio * 100.0
         ));
-        if let (Some(add), Some(persist)) = (p.add_ns, p.persist_ns) {
-            let compact = p.compact_ns.unwrap_or(0.0);
-            let est = l0_op * (add + persist) + comp_op * compact;
-            est_rows.push_str(&format!(
-                "| {} | {l0_op:.3} × ({add:.0} + {persist:.0}) ns + {comp_op:.3} × {compact:.0} ns | **{:.3} µs** |\n",
-                v.label,
-                est / 1000.0
-            ));
-        }
         js.push(json!({
             "variant": v.label, "working_set": v.working_set, "checkpoints": v.checkpoints,
             "run_bytes_per_op": bytes_op, "pages_per_op": bytes_op / 4096.0,
             "level0_records_per_op": l0_op, "compacted_records_per_op": comp_op,
             "op_us": op_us, "checkpoint_us": cp_us, "backref_over_live": ratio,
+            "backref_us_per_op": cpu_us,
             "runs": outs.iter().map(|o| json!({
                 "ops": o.ops, "run_bytes": o.run_bytes, "level0_records": o.level0_records,
                 "compact_records": o.compact_records, "compactions": o.compactions,
                 "put_secs": o.put_secs, "checkpoint_secs": o.checkpoint_secs,
+                "backref_nanos": o.backref_nanos,
             })).collect::<Vec<_>>(),
         }));
-    }
-    if !est_rows.is_empty() {
-        md.push_str(
-            "\nCPU per put attributable to back references (an estimate: records × the micro-benchmark's per-record costs; \
-             write-store operations cancelled by same-interval pruning are not counted):\n\n\
-             | workload | estimate | per put |\n|---|---|---|\n",
-        );
-        md.push_str(&est_rows);
     }
     Ok((md, json!(js)))
 }
