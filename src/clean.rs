@@ -13,14 +13,18 @@
 //! the closure keep their addresses, and the copies' encoded sizes equal the
 //! originals', so every version's referenced and exclusive bytes are unchanged.
 //!
-//! Protocol (under the writer lock, so no commit can interleave with a half-made
-//! relocation; readers go on):
+//! Protocol. First, without the writer lock, the value extents of the round's
+//! segments are copied to the end of the store and synced (`copy_extents_ahead`):
+//! that is most of a round's I/O when values are large, and commits go on meanwhile.
+//! Then, under the writer lock, so no commit can interleave with a half-made
+//! relocation (readers go on):
 //! 1. finish the drop queue and checkpoint: every node is now written and its count is
 //!    in the table by address, so the only parents are written nodes and roots, and
 //!    the back references are exact;
 //! 2. find the closure upwards through the back references (`crate::backref`), walk
 //!    each version only through it, post-order, and build the copies (dirty nodes;
-//!    moved value extents are copied at once), moving reference counts, freeing the
+//!    moved value extents take their copy made ahead, if its length and checksum are
+//!    the pointer's, or are copied at once), moving reference counts, freeing the
 //!    old addresses in the interval's space delta and ending their back references;
 //!    before anything is applied, check that every moved block had as many pointers
 //!    rewritten as its count says (else rebuild the plan from a walk of every version);
@@ -35,13 +39,13 @@
 
 use crate::backref::WriteStore;
 use crate::btree::end_backrefs;
-use crate::btree::node::{Body, Child, Node, Value};
+use crate::btree::node::{Body, Child, Node, Value, NODE_MAGIC};
 use crate::btree::refcount::{RcDelta, Target};
 use crate::btree::walk::{walk, At, Visitor};
 use crate::checkpoint;
 use crate::engine::{drop_step, Shared, WriterState};
 use crate::error::{Error, Result};
-use crate::format::{Addr, AddrMap, BlockRef, SegmentId};
+use crate::format::{crc, Addr, AddrMap, BlockRef, SegmentId};
 use crate::space::{SpaceDelta, SEGMENT_HEADER_SIZE};
 use crate::sync::lock;
 use serde::Serialize;
@@ -51,6 +55,10 @@ use std::sync::Arc;
 /// Live bytes moved per relocation round at most: the copies are dirty nodes in
 /// memory until the round's checkpoint writes them.
 const ROUND_BYTES: u64 = 16 << 20;
+
+/// The extents copied ahead of a relocation are appended in buffers of about this
+/// size.
+const AHEAD_CHUNK_BYTES: usize = 4 << 20;
 
 /// `shrink` (and automatic cleaning) moves the segment taking appends only when at least 1 / this of it is
 /// dead: it always holds the last checkpoints' metadata (dead once superseded), and
@@ -166,7 +174,8 @@ fn clean_at_most(
     }
     for round in rounds(&victims) {
         let ids: HashSet<SegmentId> = round.iter().map(|s| s.id).collect();
-        let done = relocate(shared, &Victims::Segments(ids))?;
+        let ahead = copy_extents_ahead(shared, &ids)?;
+        let done = relocate(shared, &Victims::Segments(ids), ahead)?;
         report.blocks_moved += done.blocks;
         report.bytes_moved += done.bytes;
         report.segments_cleaned += round.len() as u64;
@@ -235,6 +244,7 @@ pub(crate) fn defrag(shared: &Shared, version: Option<&str>) -> Result<CleanRepo
                     nodes: chunk.iter().map(|r| r.addr).collect(),
                     below: first_new,
                 },
+                AddrMap::default(),
             )?;
             report.blocks_moved += done.blocks;
             report.bytes_moved += done.bytes;
@@ -480,6 +490,71 @@ impl Victims {
     }
 }
 
+/// Copies the value extents of the segments `ids` to the end of the store before
+/// the relocation takes the writer lock, and makes the copies durable, so that the
+/// bulk of a round's I/O (reading and rewriting its data) does not stall commits.
+/// Returns old address → copy.
+///
+/// Only a guess, checked where it is used: the blocks come from the durable back
+/// references (without the writer's pending ones), and a block whose bytes start as
+/// a tree node does is left to the relocation, which copies nodes in memory. The
+/// relocation uses a copy only if the pointer it rewrites has the copy's length and
+/// checksum; a copy it does not use is dead space like any other.
+fn copy_extents_ahead(
+    shared: &Shared,
+    ids: &HashSet<SegmentId>,
+) -> Result<AddrMap<Addr, BlockRef>> {
+    let mut blocks: Vec<(Addr, u32)> = Vec::new();
+    {
+        let store = lock(&shared.backrefs);
+        let none = WriteStore::default();
+        for &seg in ids {
+            let lo = Addr::new(seg, 0);
+            let hi = Addr::new(SegmentId(seg.0.saturating_add(1)), 0);
+            blocks.extend(store.edges(lo..hi, &none).iter().map(|e| (e.child, e.len)));
+        }
+    }
+    blocks.sort_unstable();
+    blocks.dedup_by_key(|b| b.0);
+    let node_magic = NODE_MAGIC.to_le_bytes();
+    let mut copies = AddrMap::default();
+    let mut buf: Vec<u8> = Vec::new();
+    // (old address, length, checksum, offset in `buf`)
+    let mut pending: Vec<(Addr, u32, u32, usize)> = Vec::new();
+    let mut flush = |buf: &mut Vec<u8>, pending: &mut Vec<(Addr, u32, u32, usize)>| {
+        if buf.is_empty() {
+            return Ok::<(), Error>(());
+        }
+        let (base, _) = shared.segments.append_many(buf)?;
+        for &(old, len, crc, offset) in pending.iter() {
+            let addr = Addr(base.0 + offset as u64);
+            copies.insert(old, BlockRef { addr, len, crc });
+        }
+        buf.clear();
+        pending.clear();
+        Ok(())
+    };
+    for (addr, len) in blocks {
+        // A block that cannot be read now is the relocation's to report.
+        let Ok(bytes) = shared.segments.read_span(addr, len, "value extent") else {
+            continue;
+        };
+        if bytes.starts_with(&node_magic) {
+            continue;
+        }
+        pending.push((addr, len, crc(&bytes), buf.len()));
+        buf.extend_from_slice(&bytes);
+        if buf.len() >= AHEAD_CHUNK_BYTES {
+            flush(&mut buf, &mut pending)?;
+        }
+    }
+    flush(&mut buf, &mut pending)?;
+    if !copies.is_empty() {
+        shared.segments.sync()?;
+    }
+    Ok(copies)
+}
+
 /// Moves the victims (nodes and value extents), rewriting the closure of their
 /// parents up to the roots, and commits the move by checkpoint.
 ///
@@ -489,13 +564,24 @@ impl Victims {
 /// parents rewritten (as many as its reference count says). If the back references
 /// missed one, the move is retried with the closure found by walking every version,
 /// rather than leave a parent pointing at a block about to be freed.
-fn relocate(shared: &Shared, victims: &Victims) -> Result<Moved> {
+fn relocate(
+    shared: &Shared,
+    victims: &Victims,
+    mut ahead: AddrMap<Addr, BlockRef>,
+) -> Result<Moved> {
     let_writers_in();
     let mut w = shared.lock_writer_checked()?;
     settle(shared, &mut w)?;
+    // A copy made ahead lies in a segment nothing counted live until now: if a
+    // checkpoint meanwhile found that segment empty, it is to be deleted, and the
+    // copy must not be used.
+    {
+        let pending = lock(&shared.pending_deletes);
+        ahead.retain(|_, copy| !pending.iter().any(|p| p.segment == copy.addr.segment()));
+    }
     let closure = closure(shared, &w, victims);
-    let plan = match plan_moves(shared, &w, victims, Some(&closure)) {
-        Err(Error::Corrupted { .. }) => plan_moves(shared, &w, victims, None)?,
+    let plan = match plan_moves(shared, &w, victims, Some(&closure), &ahead) {
+        Err(Error::Corrupted { .. }) => plan_moves(shared, &w, victims, None, &ahead)?,
         other => other?,
     };
     let w = &mut *w;
@@ -587,12 +673,14 @@ fn plan_moves(
     w: &WriterState,
     victims: &Victims,
     closure: Option<&HashSet<Addr>>,
+    ahead: &AddrMap<Addr, BlockRef>,
 ) -> Result<Plan> {
     let pick = |r: BlockRef| victims.picks(r);
     let mut mover = Mover {
         shared,
         pick: &pick,
         closure,
+        ahead,
         rewired: AddrMap::default(),
         w_epoch: w.epoch,
         merged_through: w.refs.merged_through,
@@ -656,6 +744,9 @@ struct Mover<'a> {
     pick: &'a dyn Fn(BlockRef) -> bool,
     /// The only nodes that can need a copy (`None`: any; every node is walked).
     closure: Option<&'a HashSet<Addr>>,
+    /// Value extents already copied, before the writer lock was taken: old address
+    /// → copy (used only if the copy's length and checksum are the extent's).
+    ahead: &'a AddrMap<Addr, BlockRef>,
     /// Moved block → how many pointers to it were rewritten to its copy.
     rewired: AddrMap<Addr, u32>,
     w_epoch: u64,
@@ -692,8 +783,13 @@ impl Mover<'_> {
         if let Some(new) = self.extents.get(&r.addr) {
             return Ok(*new);
         }
-        let bytes = self.shared.segments.read(r, "value extent")?;
-        let new = self.shared.segments.append(&bytes)?;
+        let new = match self.ahead.get(&r.addr) {
+            Some(copy) if copy.len == r.len && copy.crc == r.crc => *copy,
+            _ => {
+                let bytes = self.shared.segments.read(r, "value extent")?;
+                self.shared.segments.append(&bytes)?
+            }
+        };
         // Every leaf pointing at `r` is copied to point at `new` instead.
         let others = self.count(r.addr) - 1;
         self.rc.add(&Target::Block(new), others);

@@ -303,45 +303,49 @@ impl Segments {
 
     /// Reads a block and checks its checksum.
     pub(crate) fn read(&self, r: BlockRef, what: &'static str) -> Result<Vec<u8>> {
-        let file = self.file(r.addr.segment()).ok_or_else(|| {
-            let seg = r.addr.segment();
-            let detail = match self.strays.get(&seg) {
-                Some(why) => format!(
-                    "{:?} points into {}, which was ignored as not a segment of this store: {why}",
-                    r.addr,
-                    seg.file_name()
-                ),
-                None => format!(
-                    "{:?} points into missing segment {}",
-                    r.addr,
-                    seg.file_name()
-                ),
-            };
-            Error::corrupted(what, detail)
-        })?;
-        let mut buf = vec![0u8; r.len as usize];
-        if r.addr.offset() < SEGMENT_HEADER_SIZE {
-            return Err(Error::corrupted(
-                what,
-                format!("{:?} points into a segment header", r.addr),
-            ));
-        }
-        file.read_exact_at(&mut buf, r.addr.offset()).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                Error::corrupted(
-                    what,
-                    format!("{:?}+{} lies past the end of its segment", r.addr, r.len),
-                )
-            } else {
-                e.into()
-            }
-        })?;
+        let buf = self.read_span(r.addr, r.len, what)?;
         if crc(&buf) != r.crc {
             return Err(Error::corrupted(
                 what,
                 format!("checksum mismatch at {:?} ({} bytes)", r.addr, r.len),
             ));
         }
+        Ok(buf)
+    }
+
+    /// Reads `len` bytes at `addr` without a checksum to check them against: for a
+    /// caller that checks them itself, or only guesses with them (the cleaner's
+    /// read-ahead, which knows a block's address and length from its back
+    /// references but not its checksum).
+    pub(crate) fn read_span(&self, addr: Addr, len: u32, what: &'static str) -> Result<Vec<u8>> {
+        let file = self.file(addr.segment()).ok_or_else(|| {
+            let seg = addr.segment();
+            let detail = match self.strays.get(&seg) {
+                Some(why) => format!(
+                    "{addr:?} points into {}, which was ignored as not a segment of this store: {why}",
+                    seg.file_name()
+                ),
+                None => format!("{addr:?} points into missing segment {}", seg.file_name()),
+            };
+            Error::corrupted(what, detail)
+        })?;
+        let mut buf = vec![0u8; len as usize];
+        if addr.offset() < SEGMENT_HEADER_SIZE {
+            return Err(Error::corrupted(
+                what,
+                format!("{addr:?} points into a segment header"),
+            ));
+        }
+        file.read_exact_at(&mut buf, addr.offset()).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                Error::corrupted(
+                    what,
+                    format!("{addr:?}+{len} lies past the end of its segment"),
+                )
+            } else {
+                e.into()
+            }
+        })?;
         Ok(buf)
     }
 
