@@ -101,6 +101,39 @@ pub(crate) fn run(shared: &Shared, held: Option<&mut WriterState>) -> Result<()>
     }
 }
 
+/// Runs a checkpoint while the caller holds the writer lock, as [`run`] does, but
+/// leaves what follows a durable checkpoint (deleting the segments it made
+/// unreachable, unpinning written roots) to the caller, to do after it lets the lock
+/// go: deleting a large file can take longer than the checkpoint itself, and commits
+/// are waiting meanwhile.
+pub(crate) fn run_holding(shared: &Shared, w: &mut WriterState) -> Result<()> {
+    let mut durable = lock(&shared.durable);
+    let written =
+        freeze(shared, w, &mut durable).and_then(|frozen| write(shared, &mut durable, frozen));
+    match written {
+        Ok(epoch) => {
+            w.refs.merge_written(epoch);
+            Ok(())
+        }
+        Err(e) => {
+            shared.poison(&e);
+            Err(e)
+        }
+    }
+}
+
+/// Whether a checkpoint now would have nothing to write: no commit, free, drop or
+/// back reference since the durable one, and nothing in memory unwritten.
+pub(crate) fn nothing_to_write(shared: &Shared, w: &WriterState) -> bool {
+    let durable_lsn = lock(&shared.durable).sb.checkpoint_lsn;
+    w.last_lsn == durable_lsn
+        && w.dirty_bytes == 0
+        && w.delta.is_empty()
+        && w.superseded.is_empty()
+        && w.drop_queue.is_empty()
+        && w.backrefs.is_empty()
+}
+
 /// Asks for a checkpoint: wakes the background thread, or runs one here when the
 /// store runs without one.
 pub(crate) fn request(shared: &Shared) -> Result<()> {

@@ -50,6 +50,7 @@ use crate::space::{SpaceDelta, SEGMENT_HEADER_SIZE};
 use crate::sync::lock;
 use serde::Serialize;
 use std::collections::HashSet;
+use std::ops::Range;
 use std::sync::Arc;
 
 /// Live bytes moved per relocation round at most: the copies are dirty nodes in
@@ -172,14 +173,14 @@ fn clean_at_most(
             shared.segments.seal()?;
         }
     }
-    for round in rounds(&victims) {
-        let ids: HashSet<SegmentId> = round.iter().map(|s| s.id).collect();
-        let ahead = copy_extents_ahead(shared, &ids)?;
-        let done = relocate(shared, &Victims::Segments(ids), ahead)?;
+    for round in rounds(&victims, ROUND_BYTES) {
+        let ranges: Vec<Range<Addr>> = round.iter().map(|p| p.range.clone()).collect();
+        let ahead = copy_extents_ahead(shared, &ranges)?;
+        let done = relocate(shared, &Victims::Ranges(ranges), ahead)?;
         report.blocks_moved += done.blocks;
         report.bytes_moved += done.bytes;
-        report.segments_cleaned += round.len() as u64;
-        moved += round.iter().map(|s| s.live).sum::<u64>();
+        report.segments_cleaned += round.iter().filter(|p| p.last).count() as u64;
+        moved += round.iter().map(|p| p.live).sum::<u64>();
         progress(moved, total);
         if moved >= max_moved {
             break;
@@ -222,7 +223,7 @@ pub(crate) fn defrag(shared: &Shared, version: Option<&str>) -> Result<CleanRepo
         // leaves' parents.
         let leaves = {
             let mut w = shared.lock_writer_checked()?;
-            settle(shared, &mut w)?;
+            settle(shared, &mut w, false)?;
             let Some(v) = w.catalog.by_name(&name) else {
                 if version.is_some() {
                     return Err(Error::VersionNotFound(name));
@@ -330,20 +331,50 @@ fn chunks_of_bytes(blocks: &[BlockRef], bytes: u64) -> Vec<&[BlockRef]> {
     chunks
 }
 
-/// Splits the victims into rounds of at most `ROUND_BYTES` live bytes (a segment with
-/// more is a round of its own).
-fn rounds(victims: &[SegmentUse]) -> Vec<Vec<SegmentUse>> {
-    let mut rounds: Vec<Vec<SegmentUse>> = Vec::new();
+/// Part of a victim segment, moved in one round.
+#[derive(Debug, Clone, PartialEq)]
+struct Piece {
+    /// Addresses inside one segment.
+    range: Range<Addr>,
+    /// Its share of the segment's live bytes (an estimate: the segment's live bytes
+    /// are known, not where they lie).
+    live: u64,
+    /// Whether it ends its segment (so the segment is cleaned with it).
+    last: bool,
+}
+
+/// Splits the victims into rounds of about `round_bytes` live bytes: small segments
+/// share a round, and a segment with more is cut into pieces of equal address range,
+/// one round each, so that no round holds the writer lock much longer than another.
+fn rounds(victims: &[SegmentUse], round_bytes: u64) -> Vec<Vec<Piece>> {
+    let mut rounds: Vec<Vec<Piece>> = Vec::new();
     let mut bytes = 0;
     for s in victims {
-        match rounds.last_mut() {
-            Some(r) if bytes + s.live <= ROUND_BYTES => {
-                r.push(*s);
-                bytes += s.live;
-            }
-            _ => {
-                rounds.push(vec![*s]);
-                bytes = s.live;
+        let pieces = s.live.div_ceil(round_bytes.max(1)).max(1);
+        let span = s.size.div_ceil(pieces).max(1);
+        for i in 0..pieces {
+            let (lo, hi) = (i * span, ((i + 1) * span).min(s.size));
+            let end = if i + 1 == pieces {
+                // Through the end of the segment's address space: a block is never
+                // past its file's end, but the file may have grown since `size`.
+                Addr::new(SegmentId(s.id.0.saturating_add(1)), 0)
+            } else {
+                Addr::new(s.id, hi)
+            };
+            let piece = Piece {
+                range: Addr::new(s.id, lo)..end,
+                live: s.live / pieces,
+                last: i + 1 == pieces,
+            };
+            match rounds.last_mut() {
+                Some(r) if bytes + piece.live <= round_bytes => {
+                    bytes += piece.live;
+                    r.push(piece);
+                }
+                _ => {
+                    bytes = piece.live;
+                    rounds.push(vec![piece]);
+                }
             }
         }
     }
@@ -448,7 +479,7 @@ fn settle_deletions(shared: &Shared) -> Result<()> {
         let_writers_in();
         {
             let mut w = shared.lock_writer_checked()?;
-            settle(shared, &mut w)?;
+            settle(shared, &mut w, true)?;
         }
         checkpoint::delete_unreachable_segments(shared);
     }
@@ -456,10 +487,16 @@ fn settle_deletions(shared: &Shared) -> Result<()> {
 }
 
 /// Brings the writer state to where relocation can start: no dropped version waiting
-/// to be freed and every node written, with its count in the table by address.
-fn settle(shared: &Shared, w: &mut WriterState) -> Result<()> {
+/// to be freed and every node written, with its count in the table by address. Runs
+/// a checkpoint unless nothing happened since the last one (as between two rounds
+/// that no commit came between), or always when `force`d (to advance the
+/// generation, which pending deletions wait for).
+fn settle(shared: &Shared, w: &mut WriterState, force: bool) -> Result<()> {
     while drop_step(w, shared.loader(), shared.keep_pinned(), 1024)? {}
-    checkpoint::run(shared, Some(w))
+    if force || !checkpoint::nothing_to_write(shared, w) {
+        checkpoint::run_holding(shared, w)?;
+    }
+    Ok(())
 }
 
 /// What a relocation moved.
@@ -471,8 +508,8 @@ struct Moved {
 
 /// What to move.
 enum Victims {
-    /// Every live block in these segments.
-    Segments(HashSet<SegmentId>),
+    /// Every live block in these address ranges (parts of segments).
+    Ranges(Vec<Range<Addr>>),
     /// These nodes, unless they already lie at or past segment `below` (where the
     /// copies of this run go).
     Nodes {
@@ -484,13 +521,13 @@ enum Victims {
 impl Victims {
     fn picks(&self, r: BlockRef) -> bool {
         match self {
-            Victims::Segments(ids) => ids.contains(&r.addr.segment()),
+            Victims::Ranges(ranges) => ranges.iter().any(|x| x.contains(&r.addr)),
             Victims::Nodes { nodes, below } => r.addr.segment() < *below && nodes.contains(&r.addr),
         }
     }
 }
 
-/// Copies the value extents of the segments `ids` to the end of the store before
+/// Copies the value extents in `ranges` (parts of victim segments) to the end of the store before
 /// the relocation takes the writer lock, and makes the copies durable, so that the
 /// bulk of a round's I/O (reading and rewriting its data) does not stall commits.
 /// Returns old address → copy.
@@ -500,18 +537,18 @@ impl Victims {
 /// a tree node does is left to the relocation, which copies nodes in memory. The
 /// relocation uses a copy only if the pointer it rewrites has the copy's length and
 /// checksum; a copy it does not use is dead space like any other.
-fn copy_extents_ahead(
-    shared: &Shared,
-    ids: &HashSet<SegmentId>,
-) -> Result<AddrMap<Addr, BlockRef>> {
+fn copy_extents_ahead(shared: &Shared, ranges: &[Range<Addr>]) -> Result<AddrMap<Addr, BlockRef>> {
     let mut blocks: Vec<(Addr, u32)> = Vec::new();
     {
         let store = lock(&shared.backrefs);
         let none = WriteStore::default();
-        for &seg in ids {
-            let lo = Addr::new(seg, 0);
-            let hi = Addr::new(SegmentId(seg.0.saturating_add(1)), 0);
-            blocks.extend(store.edges(lo..hi, &none).iter().map(|e| (e.child, e.len)));
+        for range in ranges {
+            blocks.extend(
+                store
+                    .edges(range.clone(), &none)
+                    .iter()
+                    .map(|e| (e.child, e.len)),
+            );
         }
     }
     blocks.sort_unstable();
@@ -570,8 +607,8 @@ fn relocate(
     mut ahead: AddrMap<Addr, BlockRef>,
 ) -> Result<Moved> {
     let_writers_in();
-    let mut w = shared.lock_writer_checked()?;
-    settle(shared, &mut w)?;
+    let mut guard = shared.lock_writer_checked()?;
+    settle(shared, &mut guard, false)?;
     // A copy made ahead lies in a segment nothing counted live until now: if a
     // checkpoint meanwhile found that segment empty, it is to be deleted, and the
     // copy must not be used.
@@ -579,12 +616,12 @@ fn relocate(
         let pending = lock(&shared.pending_deletes);
         ahead.retain(|_, copy| !pending.iter().any(|p| p.segment == copy.addr.segment()));
     }
-    let closure = closure(shared, &w, victims);
-    let plan = match plan_moves(shared, &w, victims, Some(&closure), &ahead) {
-        Err(Error::Corrupted { .. }) => plan_moves(shared, &w, victims, None, &ahead)?,
+    let closure = closure(shared, &guard, victims);
+    let plan = match plan_moves(shared, &guard, victims, Some(&closure), &ahead) {
+        Err(Error::Corrupted { .. }) => plan_moves(shared, &guard, victims, None, &ahead)?,
         other => other?,
     };
-    let w = &mut *w;
+    let w = &mut *guard;
     let Plan {
         copies,
         delta,
@@ -612,8 +649,11 @@ fn relocate(
     w.backrefs.merge(backrefs);
     // Commit by checkpoint: the copies are written and the victims' bytes freed.
     w.last_lsn = w.last_lsn.next();
-    checkpoint::run(shared, Some(w))?;
+    checkpoint::run_holding(shared, w)?;
     shared.publish(shared.view_of(w));
+    drop(guard);
+    // The segments the settle made unreachable go now, with commits going on.
+    checkpoint::delete_unreachable_segments(shared);
     Ok(moved)
 }
 
@@ -625,11 +665,9 @@ fn closure(shared: &Shared, w: &WriterState, victims: &Victims) -> HashSet<Addr>
     let mut closure: HashSet<Addr> = HashSet::new();
     let mut todo: Vec<Addr> = Vec::new();
     match victims {
-        Victims::Segments(ids) => {
-            for &seg in ids {
-                let lo = Addr::new(seg, 0);
-                let hi = Addr::new(SegmentId(seg.0.saturating_add(1)), 0);
-                for e in store.edges(lo..hi, ws) {
+        Victims::Ranges(ranges) => {
+            for range in ranges {
+                for e in store.edges(range.clone(), ws) {
                     closure.insert(e.child);
                     todo.push(e.parent);
                 }
@@ -887,5 +925,56 @@ impl Visitor for Mover<'_> {
             self.copies.insert(r.addr, None);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn segment(id: u32, size: u64, live: u64) -> SegmentUse {
+        SegmentUse {
+            id: SegmentId(id),
+            size,
+            live,
+        }
+    }
+
+    /// Every victim's address space is covered by its pieces exactly once, in order,
+    /// each segment ends with one `last` piece, and no round carries much more than
+    /// the round size.
+    #[test]
+    fn rounds_cover_every_victim_in_bounded_pieces() {
+        let mib = 1 << 20;
+        let victims = [
+            segment(3, 64 * mib, 40 * mib),
+            segment(4, 8 * mib, 3 * mib),
+            segment(5, 8 * mib, 2 * mib),
+            segment(7, 64 * mib, 16 * mib),
+            segment(9, 4 * mib, 1),
+        ];
+        let rounds = rounds(&victims, 16 * mib);
+        for round in &rounds {
+            let live: u64 = round.iter().map(|p| p.live).sum();
+            assert!(live <= 16 * mib, "a round of {live} bytes");
+        }
+        let pieces: Vec<&Piece> = rounds.iter().flatten().collect();
+        for s in &victims {
+            let mine: Vec<&&Piece> = pieces
+                .iter()
+                .filter(|p| p.range.start.segment() == s.id)
+                .collect();
+            assert_eq!(mine.first().unwrap().range.start, Addr::new(s.id, 0));
+            for pair in mine.windows(2) {
+                assert_eq!(pair[0].range.end, pair[1].range.start);
+                assert!(!pair[0].last);
+            }
+            let last = mine.last().unwrap();
+            assert!(last.last);
+            assert_eq!(last.range.end, Addr::new(SegmentId(s.id.0 + 1), 0));
+            assert_eq!(mine.len() as u64, s.live.div_ceil(16 * mib).max(1));
+        }
+        // The two small segments share a round.
+        assert!(rounds.iter().any(|r| r.len() >= 2));
     }
 }

@@ -184,7 +184,6 @@ impl WriteStore {
         }
     }
 
-    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty() && self.written.is_empty()
     }
