@@ -467,3 +467,26 @@ fn runs_move_out_of_a_segment_the_cleaner_empties() {
     assert_eq!(store.get(b"key-007").unwrap(), Some(value(2, 40)));
     assert!(store.verify().unwrap().problems.is_empty());
 }
+
+/// A `backref-*.run` file (runs were files before format version 4) breaks nothing:
+/// a read-only open ignores it, a writable open removes it.
+#[test]
+fn stray_run_files_are_ignored_then_removed() {
+    let vfs = SimVfs::new();
+    let store = create_sim(&vfs);
+    store.put(b"k", b"v").unwrap();
+    store.close().unwrap();
+    let stray = "backref-0000000000000007.run";
+    vfs.write_file(stray, b"a run file of an older layout");
+    let read_only = Options {
+        read_only: true,
+        ..sim_options(&vfs)
+    };
+    let store = Store::open_with(common::SIM_PATH, read_only).unwrap();
+    assert_eq!(store.get(b"k").unwrap(), Some(b"v".to_vec()));
+    drop(store);
+    assert!(vfs.names().iter().any(|n| n == stray));
+    let store = open_sim(&vfs).unwrap();
+    assert!(!vfs.names().iter().any(|n| n == stray), "{:?}", vfs.names());
+    assert!(store.verify().unwrap().problems.is_empty());
+}
