@@ -16,7 +16,8 @@
 //!    fsync it. The checkpoint is durable now and not before.
 //! 4. After: the WAL generations it covers are deleted; segments it emptied (recorded
 //!    as pending in its own metadata) are deleted once a later checkpoint is durable,
-//!    no reader view can reach them and no chain blob of either slot is in them.
+//!    no reader view can reach them and no blob of either slot's metadata chain or
+//!    back-reference runs is in them.
 //!    Space freed in this interval is reused only now, after the checkpoint that
 //!    frees it is durable.
 //!
@@ -296,21 +297,28 @@ fn write(shared: &Shared, durable: &mut Durable, mut frozen: Frozen) -> Result<u
         pending,
         recorded_from_mem,
     } = plan_meta(shared, durable, &mut frozen, &written, generation)?;
-    // The back references of this generation: one run, durable before the superblock.
-    let previous_manifest = durable.meta.backref_manifest.clone();
-    let manifest = {
+    // The back references of this generation: one run, appended to the segments and
+    // made durable by their sync below, before the superblock.
+    let (manifest, run_segments) = {
         let mut store = lock(&shared.backrefs);
-        let persisted = store.persist(std::mem::take(&mut frozen.backrefs), generation)?;
-        if shared
+        let asked = shared
             .compact_backrefs
-            .swap(false, std::sync::atomic::Ordering::Relaxed)
-        {
-            store.compact(generation)?
-        } else {
-            persisted
-        }
+            .swap(false, std::sync::atomic::Ordering::Relaxed);
+        // Runs that keep an otherwise empty segment alive are compacted into a new
+        // run appended elsewhere (as the chain is rebased below), so the segment can go.
+        let evacuate = store
+            .segments()
+            .iter()
+            .any(|seg| pending.iter().any(|p| p.segment == *seg));
+        let manifest = store.persist(
+            &shared.segments,
+            std::mem::take(&mut frozen.backrefs),
+            generation,
+            asked || evacuate,
+        )?;
+        (manifest, store.segments())
     };
-    delta.backref_manifest = (manifest != previous_manifest).then(|| manifest.clone());
+    delta.backref_manifest = (manifest != durable.meta.backref_manifest).then_some(manifest);
     // A chain that keeps an otherwise empty segment alive is rewritten as a base, so
     // the segment can go.
     let rebase = durable
@@ -335,18 +343,11 @@ fn write(shared: &Shared, durable: &mut Durable, mut frozen: Frozen) -> Result<u
         .store(sb.generation, std::sync::atomic::Ordering::Relaxed);
     durable.fallback = Some(previous);
     durable.fallback_chain = std::mem::replace(&mut durable.chain, chain);
+    durable.fallback_run_segments = std::mem::replace(&mut durable.run_segments, run_segments);
     durable.recorded_from_mem = recorded_from_mem;
     durable.meta_bytes_last = u64::from(meta_ref.len);
     shared.wal.checkpoint_done();
     wal::remove_below(&*shared.vfs, previous.wal_gen)?;
-    // Run files neither slot names (replaced by a compaction, or left by a checkpoint
-    // that never became durable) go.
-    let keep: Vec<&[u8]> = [&manifest, &previous_manifest]
-        .into_iter()
-        .filter(|m| !m.is_empty())
-        .map(Vec::as_slice)
-        .collect();
-    lock(&shared.backrefs).collect_garbage(&keep)?;
     // Add the segments this generation emptied; entries deleted meanwhile (by the
     // previous checkpoint's `after_durable`, on another thread) stay deleted.
     let mut current = lock(&shared.pending_deletes);
@@ -529,11 +530,12 @@ fn after_durable(shared: &Shared, epoch: u64) {
 
 /// Whether a pending deletion waits only for the next checkpoint: emptied by the
 /// durable generation (the fallback slot reaches it) and not kept for another reason
-/// (a segment of a metadata chain, a reader view, the active segment).
+/// (a blob the newest slot reads, a reader view, the active segment). A blob only the
+/// fallback slot reads no longer holds it after the next checkpoint.
 pub(crate) fn deletions_wait_for_next_generation(shared: &Shared) -> bool {
     let (generation, metas) = {
         let d = lock(&shared.durable);
-        (d.sb.generation, d.chain_segments())
+        (d.sb.generation, d.current_meta_segments())
     };
     let oldest_view = shared.views.oldest();
     lock(&shared.pending_deletes).iter().any(|p| {
@@ -546,12 +548,12 @@ pub(crate) fn deletions_wait_for_next_generation(shared: &Shared) -> bool {
 
 /// Deletes every pending segment that nothing can reach any more: a later generation
 /// is durable (so neither superblock slot reaches it), it holds no blob of either
-/// slot's metadata chain, no reader view is older than the checkpoint that emptied
-/// it, and it is not the segment appends go to.
+/// slot's metadata chain or back-reference runs, no reader view is older than the
+/// checkpoint that emptied it, and it is not the segment appends go to.
 pub(crate) fn delete_unreachable_segments(shared: &Shared) {
     let (generation, metas) = {
         let d = lock(&shared.durable);
-        (d.sb.generation, d.chain_segments())
+        (d.sb.generation, d.meta_segments())
     };
     let oldest_view = shared.views.oldest();
     let mut pending = lock(&shared.pending_deletes);

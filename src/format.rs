@@ -12,7 +12,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 /// The on-disk format version this build reads and writes (see docs/FORMAT.md's
 /// change log).
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 
 /// CRC-32C (Castagnoli) of `data`.
 pub(crate) fn crc(data: &[u8]) -> u32 {

@@ -20,7 +20,7 @@ use crate::catalog::Catalog;
 use crate::checkpoint;
 use crate::engine::{self, fits_pinned, Durable, PendingDelete, Shared, ViewRegistry, WriterState};
 use crate::error::{Error, Result};
-use crate::format::{now_unix_ms, BlockRef, Lsn};
+use crate::format::{now_unix_ms, BlockRef, Lsn, SegmentId};
 use crate::io::{LockKind, StoreLock, VFile, Vfs};
 use crate::meta::{self, Chain, Meta};
 use crate::options::Options;
@@ -233,7 +233,11 @@ fn load(
         fallback_chain(&segments, &chain, f.meta)
     });
     let manifest = &meta.backref_manifest;
-    let backrefs = BackrefStore::open(vfs.clone(), (!manifest.is_empty()).then_some(manifest))?;
+    let backrefs = BackrefStore::open(&segments, (!manifest.is_empty()).then_some(manifest))?;
+    let run_segments = backrefs.segments();
+    let fallback_run_segments = fallback.map_or_else(Vec::new, |_| {
+        fallback_run_segments(&segments, &fallback_chain)
+    });
     let cache = PageCache::new(opts.cache_bytes);
     let keep_pinned = fits_pinned(meta.usage.values().sum(), cache.capacity());
     let mut writer = WriterState {
@@ -286,6 +290,8 @@ fn load(
         meta,
         chain,
         fallback_chain,
+        run_segments,
+        fallback_run_segments,
         recorded_from_mem: Vec::new(),
         meta_bytes_last: 0,
     };
@@ -340,6 +346,13 @@ fn settle(loaded: Loaded) -> Result<Arc<Shared>> {
     for file in replayed {
         file.sync()?;
     }
+    // Run files of an older layout (runs are blobs in the segments now): nothing
+    // reads them, and they would only take space.
+    for name in shared.vfs.list()? {
+        if crate::backref::is_run_file_name(&name) {
+            shared.vfs.remove(&name)?;
+        }
+    }
     if shared.vfs.exists(INIT_MARKER)? {
         // A creation cut short after its superblock was in place: it is complete.
         shared.vfs.remove(INIT_MARKER)?;
@@ -386,6 +399,17 @@ fn fallback_chain(segments: &Segments, newest: &Chain, tip: BlockRef) -> Chain {
     newest.prefix_to(tip).unwrap_or_else(|| {
         meta::chain::load(segments, tip).map_or_else(|_| Chain::of_base(tip), |(_, c)| c)
     })
+}
+
+/// The segments holding the runs the fallback superblock's back-reference manifest
+/// names, kept as long as it is the fallback. Empty when its metadata does not read
+/// back (recovery could not use that slot either).
+fn fallback_run_segments(segments: &Segments, fallback: &Chain) -> Vec<SegmentId> {
+    meta::chain::backref_manifest(segments, fallback)
+        .ok()
+        .filter(|m| !m.is_empty())
+        .and_then(|m| crate::backref::run_segments(&m).ok())
+        .unwrap_or_default()
 }
 
 struct Replayed {

@@ -48,7 +48,9 @@ pub struct Stats {
     pub segment_bytes: u64,
     /// Bytes in segments still referenced by the durable state.
     pub live_bytes: u64,
-    /// Bytes in segments no longer referenced (reclaimed when a segment empties).
+    /// Bytes in segments that are not live blocks: blocks no longer referenced, and
+    /// the metadata and back-reference run blobs (the current ones too: they are not
+    /// counted as live). Reclaimed when a segment empties.
     pub dead_bytes: u64,
     /// Blocks (nodes and value extents) shared by more than one parent, i.e. between
     /// versions: the entries of the reference-count table.
@@ -72,8 +74,8 @@ pub struct Stats {
     pub cache_misses: u64,
     /// hits / (hits + misses), 0 when there were no lookups.
     pub cache_hit_rate: f64,
-    /// Bytes of every file of the store on disk (segments, WAL, superblock, back
-    /// references): what `clean` and `shrink` bring down towards `live_bytes`.
+    /// Bytes of every file of the store on disk (segments, WAL, superblock, reserve):
+    /// what `clean` and `shrink` bring down towards `live_bytes`.
     pub footprint_bytes: u64,
     /// Bytes of metadata the last checkpoint of this process wrote (one blob: a delta
     /// of what changed, or now and then a new base); 0 before the first.
@@ -82,7 +84,8 @@ pub struct Stats {
     pub backref_records: u64,
     /// Back-reference runs (one per checkpoint until compaction merges them).
     pub backref_runs: u64,
-    /// Bytes of the back-reference run files.
+    /// Bytes of the current back-reference runs (blobs in the segments, part of
+    /// `dead_bytes`).
     pub backref_bytes: u64,
     /// Nanoseconds spent on back references since open: recording edges (as nodes are
     /// written and freed), writing runs and compacting them. Up to the last

@@ -258,11 +258,8 @@ impl Durable {
         let mut wal = Vec::new();
         if let Ok((sb, Ok(meta))) = &state {
             let manifest = &meta.backref_manifest;
-            backrefs = BackrefStore::open(
-                shared.vfs.clone(),
-                (!manifest.is_empty()).then_some(manifest),
-            )
-            .map(|store| store.live_edges(&WriteStore::default()));
+            backrefs = BackrefStore::open(&segments, (!manifest.is_empty()).then_some(manifest))
+                .map(|store| store.live_edges(&WriteStore::default()));
             wal = Generations::read(vfs, sb.wal_gen, sb.checkpoint_lsn)?.collect();
         }
         Ok(Durable {

@@ -1,6 +1,6 @@
 //! The on-disk format, pinned by a checked-in store image.
 //!
-//! `tests/data/format-v3/` is a small store written by this crate at format version 3
+//! `tests/data/format-v4/` is a small store written by this crate at format version 4
 //! (see docs/FORMAT.md). `image_opens_with_every_version_intact` copies it to a
 //! temporary directory, opens it read-only and then writable, and checks every key and
 //! value of every version against [`STEPS`], the script that made it, and that
@@ -38,10 +38,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// The image's directory, relative to the crate root.
-const IMAGE: &str = "tests/data/format-v3";
+const IMAGE: &str = "tests/data/format-v4";
 
 /// The previous format's image, kept to pin that this build refuses it clearly.
-const OLD_IMAGE: &str = "tests/data/format-v2";
+const OLD_IMAGE: &str = "tests/data/format-v3";
 
 /// One step of the script that makes the image.
 enum Step {
@@ -328,7 +328,7 @@ fn image_opens_with_every_version_intact() {
     assert!(report.problems.is_empty(), "{:?}", report.problems);
 }
 
-/// `tests/data/format-v2/`, written by the previous format, is refused with a
+/// `tests/data/format-v3/`, written by the previous format, is refused with a
 /// format-version error (not corruption, and nothing is changed on disk).
 #[test]
 fn previous_format_is_refused() {
@@ -342,7 +342,7 @@ fn previous_format_is_refused() {
             read_only,
             ..Default::default()
         };
-        let err = Store::open_with(&store_dir, opts).expect_err("a version-2 store opened");
+        let err = Store::open_with(&store_dir, opts).expect_err("a version-3 store opened");
         assert!(
             matches!(err, cambium::Error::FormatVersion { .. }),
             "{err:?}"
@@ -351,7 +351,7 @@ fn previous_format_is_refused() {
     assert_eq!(std::fs::read(store_dir.join("superblock")).unwrap(), before);
 }
 
-/// Rebuilds `tests/data/format-v3/` from [`steps`]. Run it only on purpose (see the
+/// Rebuilds `tests/data/format-v4/` from [`steps`]. Run it only on purpose (see the
 /// top of this file).
 // Ignored on purpose: running it overwrites the checked-in image, which would make the
 // format test pass against whatever the code writes today. Regenerate only after a
@@ -408,7 +408,7 @@ fn regenerate_image() {
             // recovery stops at either.
             let end = wal_records(&bytes, gen).last().map_or(0, |r| r.end);
             bytes[..end].to_vec()
-        } else if name == "superblock" || name.starts_with("seg-") || name.starts_with("backref-") {
+        } else if name == "superblock" || name.starts_with("seg-") {
             bytes
         } else {
             continue; // LOCK, wal-spare.log, reserve

@@ -26,13 +26,15 @@
 //!   write store cancels both (Backlog's same-interval pruning); a transaction keeps
 //!   its own `WriteStore` and `merge`s it in at commit (or drops it on abort).
 //! - `Run` (`run.rs`): the immutable, sorted records one checkpoint (or a compaction)
-//!   wrote, in file `backref-<seq:016x>.run`, with a Bloom filter over child addresses
+//!   wrote, appended as one or more blobs to the data segments (like the metadata
+//!   chain's blobs, so the checkpoint's segment sync makes them durable: no file and
+//!   no directory fsync of their own), with a Bloom filter over child addresses
 //!   (`bloom.rs`) for point queries and min/max child fences for range queries. Runs
 //!   are held decoded in memory, with a sparse index (every 64th child) so a lookup
 //!   touches few cache lines; queries merge-join the runs and the write store.
-//! - `Manifest` (`manifest.rs`): the durable description of the store (its run files
-//!   with their checksums, the deletion vector, the next run number). The engine
-//!   embeds its bytes in the checkpoint metadata.
+//! - `Manifest` (`manifest.rs`): the durable description of the store (its runs with
+//!   their checksums and the blobs holding them, the deletion vector, the next run
+//!   number). The engine embeds its bytes in the checkpoint metadata.
 //! - [`BackrefStore`] (`store.rs`): the runs, the deletion vector, persistence,
 //!   compaction and the queries.
 //!
@@ -44,12 +46,15 @@
 //! 2. Within one run, keys `(child, parent)` are strictly increasing (unique).
 //! 3. Runs are ordered oldest first by `seq`; run numbers are never reused by a
 //!    manifest that could still be read (a new run always takes `next_seq`).
-//! 4. A run file named by a manifest is never modified or removed while that manifest
-//!    may still be read: `persist` only creates files, and `collect_garbage` removes
-//!    only files named by none of the manifests it is told to keep. So a crash at any
-//!    point of `persist` leaves every earlier manifest fully readable.
-//! 5. `persist` makes its run files and the directory durable before it returns the
-//!    manifest that names them; the engine writes its superblock only after that.
+//! 4. A run blob named by a manifest is never modified or removed while that manifest
+//!    may still be read: `persist` only appends new blobs (segments are append-only),
+//!    and the engine never deletes a segment holding a blob of a run either superblock
+//!    slot's manifest names (`run_segments`); to free such a segment it has `persist`
+//!    compact, which moves the runs to new blobs elsewhere. So a crash at any point of
+//!    `persist` leaves every earlier manifest fully readable.
+//! 5. The blobs `persist` appends are durable before anything durable names the
+//!    manifest that names them: the engine syncs the segments before it writes the
+//!    superblock that embeds the manifest.
 //! 6. After `delete_segment(s)`, no edge naming `s` is added (its blocks are gone).
 //!    Records naming `s` are dead at once; compaction purges them and then drops `s`
 //!    from the deletion vector, since no run mentions it any more. (It keeps filtering
@@ -71,7 +76,13 @@ mod write_store;
 mod tests;
 
 pub(crate) use record::Edge;
-pub(crate) use store::BackrefStore;
 #[cfg(test)]
 pub(crate) use store::MAX_RUNS;
+pub(crate) use store::{run_segments, BackrefStore};
 pub(crate) use write_store::WriteStore;
+
+/// Whether `name` is a back-reference run file of an older layout (runs were files
+/// before they were blobs in the segments).
+pub(crate) fn is_run_file_name(name: &str) -> bool {
+    run::parse_file_name(name).is_some()
+}

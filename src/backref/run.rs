@@ -4,11 +4,12 @@
 //! all runs into one combined run. A run is written once, fsynced, and never
 //! modified; it is read back whole at open and held decoded (a sorted `Vec`).
 //!
-//! File `backref-<seq as 16 hex digits>.run`, little-endian:
+//! The encoding, appended to the segments as one or more blobs (`store.rs`),
+//! little-endian:
 //!
 //! ```text
 //! magic        8 bytes  "cmbBRrun"
-//! version      u32      RUN_VERSION (2; version 1 is still read, see below)
+//! version      u32      RUN_VERSION (2)
 //! flags        u32      bit 0: combined (written by a compaction); others zero
 //! seq          u64      this run's number (matches the file name and manifest)
 //! gen          u64      the checkpoint generation that wrote it
@@ -30,12 +31,9 @@
 //! ```
 //!
 //! Varints are LEB128 (7 bits a byte, low first, at most 10 bytes). Sorted records
-//! make most differences small: a level-0 record takes 6 to 9 bytes where version 1
-//! took 32. The Bloom filter is derived data, rebuilt from the records at load.
-//!
-//! Version 1 (still read): the same header, then `record_count` fixed records of 32
-//! bytes (`child u64, parent u64, gen u64, len u32, kind u8, 3 zero bytes`), then the
-//! Bloom filter (`hashes u32, word_count u32, word_count x u64`), then the crc.
+//! make most differences small: a record takes 2 to 9 bytes where version 1 (format
+//! version 3, no longer read) took 32. The Bloom filter is derived data, rebuilt from
+//! the records at load.
 
 // Decodes untrusted bytes: no indexing.
 #![cfg_attr(not(test), deny(clippy::indexing_slicing))]
@@ -50,11 +48,7 @@ use std::ops::RangeInclusive;
 const MAGIC: &[u8; 8] = b"cmbBRrun";
 /// The run layout this build writes.
 pub(crate) const RUN_VERSION: u32 = 2;
-/// The fixed-record layout of earlier builds, still read.
-const RUN_VERSION_FIXED: u32 = 1;
 pub(crate) const HEADER_SIZE: usize = 40;
-/// A version-1 record's size.
-const FIXED_RECORD_SIZE: usize = 32;
 const FLAG_COMBINED: u32 = 1;
 
 /// Tag bits of a version-2 record (bits 0-1 are the kind).
@@ -326,7 +320,7 @@ fn decode_body(body: &[u8], meta: &RunMeta) -> Result<Run> {
         return Err(d.error("bad magic"));
     }
     let version = d.u32()?;
-    if version != RUN_VERSION && version != RUN_VERSION_FIXED {
+    if version != RUN_VERSION {
         return Err(Error::FormatVersion {
             found: version,
             supported: RUN_VERSION,
@@ -342,35 +336,22 @@ fn decode_body(body: &[u8], meta: &RunMeta) -> Result<Run> {
     if seq != meta.seq || count != meta.record_count {
         return Err(d.error(format!("header says run {seq} of {count} records")));
     }
-    // Every record takes at least two bytes (a tag and a parent), or 32 in version 1:
-    // a count the bytes cannot hold is refused before anything is allocated for it.
-    let min_size = if version == RUN_VERSION {
-        2
-    } else {
-        FIXED_RECORD_SIZE
-    };
+    // Every record takes at least two bytes (a tag and a parent): a count the bytes
+    // cannot hold is refused before anything is allocated for it.
     let count = usize::try_from(count).unwrap_or(usize::MAX);
-    if count == 0 || count.saturating_mul(min_size) > d.remaining() {
+    if count == 0 || count.saturating_mul(2) > d.remaining() {
         return Err(d.error(format!("{count} records do not fit")));
     }
     let mut records: Vec<Record> = Vec::with_capacity(count);
     let mut prev = START;
     for _ in 0..count {
-        let r = if version == RUN_VERSION {
-            decode_record(&mut d, &prev, gen)?
-        } else {
-            decode_fixed_record(&mut d)?
-        };
+        let r = decode_record(&mut d, &prev, gen)?;
         if records.last().is_some_and(|prev| prev.key() >= r.key()) {
             return Err(d.error(format!("record {:?} out of order", r.key())));
         }
         check_record(&d, &r)?;
         records.push(r);
         prev = r;
-    }
-    if version == RUN_VERSION_FIXED {
-        // Version 1 stored its filter; the records are the truth, so it is skipped.
-        skip_fixed_bloom(&mut d)?;
     }
     if d.remaining() != 0 {
         return Err(d.error(format!("{} trailing bytes", d.remaining())));
@@ -385,7 +366,7 @@ fn decode_body(body: &[u8], meta: &RunMeta) -> Result<Run> {
     })
 }
 
-/// Decodes one version-2 record coded against `prev` in a run of generation
+/// Decodes one record coded against `prev` in a run of generation
 /// `run_gen`.
 fn decode_record(d: &mut Decoder<'_>, prev: &Record, run_gen: u64) -> Result<Record> {
     let tag = d.u8()?;
@@ -423,27 +404,6 @@ fn decode_record(d: &mut Decoder<'_>, prev: &Record, run_gen: u64) -> Result<Rec
     })
 }
 
-/// Decodes one version-1 record.
-fn decode_fixed_record(d: &mut Decoder<'_>) -> Result<Record> {
-    let child = Addr(d.u64()?);
-    let parent = Addr(d.u64()?);
-    let gen = d.u64()?;
-    let len = d.u32()?;
-    let code = d.u8()?;
-    let pad = d.bytes(3)?;
-    let kind = Kind::from_code(code).ok_or_else(|| d.error(format!("record kind {code}")))?;
-    if pad != [0; 3] {
-        return Err(d.error("malformed record"));
-    }
-    Ok(Record {
-        child,
-        parent,
-        gen,
-        len,
-        kind,
-    })
-}
-
 /// The rules every decoded record keeps, whatever its encoding: a `To` has no
 /// length, and exactly the `Gone` records have the child `GONE_CHILD` (and no
 /// length).
@@ -456,13 +416,5 @@ fn check_record(d: &Decoder<'_>, r: &Record) -> Result<()> {
     if (r.kind == Kind::To && r.len != 0) || !gone_ok {
         return Err(d.error("malformed record"));
     }
-    Ok(())
-}
-
-/// Skips a version-1 Bloom filter (`hashes u32, word_count u32, words`).
-fn skip_fixed_bloom(d: &mut Decoder<'_>) -> Result<()> {
-    let _hashes = d.u32()?;
-    let word_count = d.u32()? as usize;
-    d.bytes(word_count.saturating_mul(8))?;
     Ok(())
 }

@@ -1,44 +1,72 @@
 //! The back-reference store: the runs, the deletion vector, persistence at
-//! checkpoints, compaction, garbage collection of run files, and the queries.
+//! checkpoints, compaction, and the queries.
+//!
+//! Runs are stored as blobs appended to the data segments, like the metadata chain's
+//! blobs, so that a checkpoint makes them durable with the one segment sync it does
+//! anyway (no fsync of a file and of the directory of their own). A run larger than
+//! [`RUN_BLOB_MAX_BYTES`] is split into several blobs, so that no blob outgrows a
+//! segment. Run blobs are not live bytes: like chain blobs, they are dead space in
+//! the segment accounting, kept by protection rather than by usage.
 //!
 //! Crash-consistency protocol (the engine's side of invariants 4 and 5 in `mod.rs`):
 //!
 //! 1. at checkpoint `gen`, the engine freezes its write store (`std::mem::take`),
 //!    records the edges of every node the checkpoint writes (`add_written`), and calls
-//!    `persist(frozen, gen)`; it returns the manifest bytes once every new run file
-//!    and the directory are durable;
-//! 2. the engine embeds those bytes in its metadata and writes its superblock;
-//! 3. once the superblock is durable, it calls `collect_garbage(&[current, fallback])`
-//!    with the manifests of both superblock slots: run files named by neither (nor by
-//!    this store) are removed. At open, a writable engine calls it the same way, which
-//!    removes the files of checkpoints that never became durable.
+//!    `persist(segments, frozen, gen, compact)`; it appends every new run's blobs and
+//!    returns the manifest bytes that name them;
+//! 2. the engine embeds those bytes in its metadata, syncs the segments (which makes
+//!    the run blobs durable too) and writes its superblock;
+//! 3. the engine never deletes a segment holding a blob of a run either superblock
+//!    slot's manifest names ([`run_segments`]); when a segment it wants to delete
+//!    holds blobs of the current runs, it asks `persist` to compact, which rewrites
+//!    every run as one new run appended elsewhere (as the metadata chain is rebased).
+//!    Blobs no manifest names any more are dead bytes the cleaner reclaims.
 //!
-//! An error from `persist` or `compact` leaves this object unchanged (a run file it
-//! may have written is garbage for `collect_garbage`), but the engine should treat it
-//! as it treats any checkpoint I/O error.
+//! An error from `persist` or `compact` leaves this object unchanged (blobs it may
+//! have appended are dead bytes no manifest names), but the engine should treat it as
+//! it treats any checkpoint I/O error.
 
-use super::manifest::{Manifest, RunMeta};
+use super::manifest::{Manifest, RunEntry};
 use super::record::{merge_join, Kind, Record};
-use super::run::{self, Run};
+use super::run::Run;
 use super::{Edge, WriteStore};
 use crate::error::{Error, Result};
-use crate::format::{Addr, SegmentId};
-use crate::io::Vfs;
+use crate::format::{Addr, BlockRef, SegmentId};
+use crate::space::{Segments, SEGMENT_TARGET_BYTES};
 use std::collections::BTreeSet;
-use std::io;
 use std::ops::{Range, RangeInclusive};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// More runs than this after a checkpoint trigger a compaction into one.
 pub(crate) const MAX_RUNS: usize = 8;
 
+/// A run's bytes are appended in blobs of at most this size. A blob larger than a
+/// segment's target size would get a segment of its own and make it oversized (and
+/// a blob's length is a `u32`), so a large run is split: a quarter of the target
+/// keeps the segments near their size and still makes few, long appends.
+pub(crate) const RUN_BLOB_MAX_BYTES: usize = (SEGMENT_TARGET_BYTES / 4) as usize;
+
+/// The segments holding a blob of a run the manifest `bytes` names.
+pub(crate) fn run_segments(bytes: &[u8]) -> Result<Vec<SegmentId>> {
+    let manifest = Manifest::decode(bytes)?;
+    Ok(segments_of(manifest.runs.iter().flat_map(|r| &r.blobs)))
+}
+
+/// The sorted, distinct segments of `blobs`.
+fn segments_of<'b>(blobs: impl Iterator<Item = &'b BlockRef>) -> Vec<SegmentId> {
+    let mut s: Vec<SegmentId> = blobs.map(|b| b.addr.segment()).collect();
+    s.sort_unstable();
+    s.dedup();
+    s
+}
+
 /// The back references of a store: its runs (decoded, oldest first) and deletion
 /// vector. The current write store is not here: the engine owns it and passes it to
 /// each query.
 pub(crate) struct BackrefStore {
-    vfs: Arc<dyn Vfs>,
     runs: Vec<Run>,
+    /// The blobs holding each run's bytes: `blobs[i]` are `runs[i]`'s, in order.
+    blobs: Vec<Vec<BlockRef>>,
     deleted: BTreeSet<SegmentId>,
     /// Segments a compaction dropped from the deletion vector since open. No run
     /// names them any more, but a write store frozen later might still hold a record
@@ -46,6 +74,8 @@ pub(crate) struct BackrefStore {
     /// the write store holds only what came after the manifest).
     retired: BTreeSet<SegmentId>,
     next_seq: u64,
+    /// Largest blob a run is appended as ([`RUN_BLOB_MAX_BYTES`]; tests lower it).
+    blob_max: usize,
     /// Time spent on back references since open: recording them (the write stores
     /// persisted so far), writing runs and compacting.
     time_spent: Duration,
@@ -62,9 +92,10 @@ pub(crate) struct Written {
 }
 
 impl BackrefStore {
-    /// Loads the store `manifest` describes (an empty store for `None`), reading and
-    /// checking every run it names. Removes nothing (see `collect_garbage`).
-    pub(crate) fn open(vfs: Arc<dyn Vfs>, manifest: Option<&[u8]>) -> Result<BackrefStore> {
+    /// Loads the store `manifest` describes (an empty store for `None`), reading every
+    /// run it names from `segments` and checking it (a missing segment or a blob that
+    /// fails its checksum is corruption).
+    pub(crate) fn open(segments: &Segments, manifest: Option<&[u8]>) -> Result<BackrefStore> {
         let manifest = match manifest {
             Some(bytes) => Manifest::decode(bytes)?,
             None => Manifest::default(),
@@ -72,51 +103,78 @@ impl BackrefStore {
         let runs = manifest
             .runs
             .iter()
-            .map(|meta| load_run(&*vfs, meta))
+            .map(|entry| load_run(segments, entry))
             .collect::<Result<Vec<Run>>>()?;
         Ok(BackrefStore {
-            vfs,
             runs,
+            blobs: manifest.runs.into_iter().map(|r| r.blobs).collect(),
             deleted: manifest.deleted.into_iter().collect(),
             retired: BTreeSet::new(),
             next_seq: manifest.next_seq,
+            blob_max: RUN_BLOB_MAX_BYTES,
             time_spent: Duration::ZERO,
             written: Written::default(),
         })
+    }
+
+    /// Splits runs into blobs of at most `bytes` from now on.
+    #[cfg(test)]
+    pub(crate) fn set_blob_max(&mut self, bytes: usize) {
+        self.blob_max = bytes;
     }
 
     /// The manifest describing the current state.
     pub(crate) fn manifest(&self) -> Vec<u8> {
         Manifest {
             next_seq: self.next_seq,
-            runs: self.runs.iter().map(|r| r.meta).collect(),
+            runs: self
+                .runs
+                .iter()
+                .zip(&self.blobs)
+                .map(|(run, blobs)| RunEntry {
+                    meta: run.meta,
+                    blobs: blobs.clone(),
+                })
+                .collect(),
             deleted: self.deleted.iter().copied().collect(),
         }
         .encode()
     }
 
-    /// Writes `frozen` as the level-0 run of checkpoint `gen` (none if it is empty),
-    /// compacts if that makes more than [`MAX_RUNS`] runs, makes the files and the
-    /// directory durable, and returns the new manifest.
-    pub(crate) fn persist(&mut self, frozen: WriteStore, gen: u64) -> Result<Vec<u8>> {
+    /// Appends `frozen` as the level-0 run of checkpoint `gen` (none if it is
+    /// empty), compacts if that makes more than [`MAX_RUNS`] runs or `compact` asks
+    /// for it (see [`BackrefStore::compact`]), and returns the new manifest. The new
+    /// blobs are durable with the next [`Segments::sync`], which the caller must do
+    /// before anything durable names the manifest.
+    pub(crate) fn persist(
+        &mut self,
+        segments: &Segments,
+        frozen: WriteStore,
+        gen: u64,
+        compact: bool,
+    ) -> Result<Vec<u8>> {
         let started = Instant::now();
-        let result = self.checkpoint(&frozen, gen, false);
+        let result = self.checkpoint(segments, &frozen, gen, compact);
         self.time_spent += frozen.time_spent + started.elapsed();
         result
     }
 
     /// Merges every run into one combined run now (cancelling `From`/`To` pairs and
-    /// purging records the deletion vector kills) and returns the new manifest. The
-    /// runs it replaces stay on disk until `collect_garbage` no longer has to keep them.
-    pub(crate) fn compact(&mut self, gen: u64) -> Result<Vec<u8>> {
+    /// purging records the deletion vector kills), appended as new blobs, and returns
+    /// the new manifest. The blobs of the runs it replaces become dead bytes (kept as
+    /// long as a superblock slot's manifest names them). A single run is rewritten
+    /// too: the engine compacts to move the runs out of a segment it wants to delete.
+    /// (The engine asks for it through `persist`, in the same step as the level-0 run.)
+    #[cfg(test)]
+    pub(crate) fn compact(&mut self, segments: &Segments, gen: u64) -> Result<Vec<u8>> {
         let started = Instant::now();
-        let result = self.checkpoint(&WriteStore::default(), gen, true);
+        let result = self.checkpoint(segments, &WriteStore::default(), gen, true);
         self.time_spent += started.elapsed();
         result
     }
 
     /// Time spent on back references since open: recording the edges of the write
-    /// stores persisted so far, writing their runs (fsyncs included) and compacting.
+    /// stores persisted so far, building their runs and appending them, compacting.
     pub(crate) fn time_spent(&self) -> Duration {
         self.time_spent
     }
@@ -126,60 +184,70 @@ impl BackrefStore {
         self.written
     }
 
-    fn checkpoint(&mut self, frozen: &WriteStore, gen: u64, force: bool) -> Result<Vec<u8>> {
+    fn checkpoint(
+        &mut self,
+        segments: &Segments,
+        frozen: &WriteStore,
+        gen: u64,
+        force: bool,
+    ) -> Result<Vec<u8>> {
         let mut next_seq = self.next_seq;
         let records: Vec<Record> = frozen.records(gen).filter(|r| !self.is_dead(r)).collect();
         let mut level0 = None;
         if !records.is_empty() {
-            level0 = Some(self.write_run(next_seq, gen, false, records)?);
+            level0 = Some(Run::build(next_seq, gen, false, records));
             next_seq += 1;
         }
         let run_count = self.runs.len() + usize::from(level0.is_some());
+        // A forced compaction rewrites even a single run: the engine forces one to
+        // move the runs out of a segment it wants to delete.
         let compact =
-            run_count > MAX_RUNS || (force && (run_count > 1 || !self.deleted.is_empty()));
-        let mut combined = None;
+            run_count > MAX_RUNS || (force && (run_count > 0 || !self.deleted.is_empty()));
+        let mut new_runs = Vec::new();
         if compact {
-            let merged = self.merge(level0.as_ref());
+            let merged = self.merge(level0.as_ref().map(|(run, _)| run));
             if !merged.is_empty() {
-                combined = Some(self.write_run(next_seq, gen, true, merged)?);
+                let (run, bytes) = Run::build(next_seq, gen, true, merged);
                 next_seq += 1;
+                new_runs.push((run, self.append_run(segments, &bytes)?));
             }
+            // The level-0 run is in the combined one: its bytes are never written.
+        } else if let Some((run, bytes)) = level0 {
+            let blobs = self.append_run(segments, &bytes)?;
+            new_runs.push((run, blobs));
         }
-        if level0.is_some() || combined.is_some() {
-            // New run files: their names must be durable before a manifest names them.
-            self.vfs.sync_dir()?;
-        }
-        // Everything is durable: commit the new state.
-        for run in level0.iter().chain(&combined) {
+        // Every blob is appended: commit the new state.
+        for (run, _) in &new_runs {
             self.written.bytes += run.meta.file_len;
             self.written.records += run.meta.record_count;
         }
         self.written.compactions += u64::from(compact);
         self.next_seq = next_seq;
         if compact {
-            self.runs = combined.into_iter().collect();
+            self.runs.clear();
+            self.blobs.clear();
             // No record in any run names a deleted segment any more (compaction purged
             // them, and `persist` filters new records), so the entries can go.
             self.retired.append(&mut self.deleted);
-        } else {
-            self.runs.extend(level0);
+        }
+        for (run, blobs) in new_runs {
+            self.runs.push(run);
+            self.blobs.push(blobs);
         }
         Ok(self.manifest())
     }
 
-    /// Writes and fsyncs run `seq`.
-    fn write_run(&self, seq: u64, gen: u64, combined: bool, records: Vec<Record>) -> Result<Run> {
-        let (run, bytes) = Run::build(seq, gen, combined, records);
-        let name = run::file_name(seq);
-        // A file of this number can only be garbage of a checkpoint that never became
-        // durable: every manifest that can still be read has `next_seq <= seq`.
-        if self.vfs.exists(&name)? {
-            self.vfs.remove(&name)?;
-        }
-        let file = self.vfs.create(&name)?;
-        file.write_all_at(&bytes, 0)?;
-        file.sync()?;
-        Ok(run)
+    /// Appends a run's encoded `bytes` as blobs of at most `blob_max` bytes.
+    fn append_run(&self, segments: &Segments, bytes: &[u8]) -> Result<Vec<BlockRef>> {
+        bytes
+            .chunks(self.blob_max)
+            .map(|chunk| segments.append(chunk))
+            .collect()
+    }
+
+    /// The segments holding a blob of one of the current runs (sorted, distinct).
+    pub(crate) fn segments(&self) -> Vec<SegmentId> {
+        segments_of(self.blobs.iter().flatten())
     }
 
     /// The live `From` records of every run and of `level0`, in key order: the edges
@@ -221,29 +289,6 @@ impl BackrefStore {
                 && (set.contains(&r.child.segment()) || set.contains(&r.parent.segment()))
         };
         names(&self.deleted) || names(&self.retired)
-    }
-
-    /// Removes every run file named neither by this store nor by any manifest in
-    /// `keep` (pass both superblock slots' manifests). Returns how many it removed.
-    pub(crate) fn collect_garbage(&mut self, keep: &[&[u8]]) -> Result<usize> {
-        let mut live: BTreeSet<u64> = self.runs.iter().map(|r| r.meta.seq).collect();
-        for bytes in keep {
-            let m = Manifest::decode(bytes)?;
-            live.extend(m.runs.iter().map(|r| r.seq));
-            // Never hand out a number a kept manifest may name.
-            self.next_seq = self.next_seq.max(m.next_seq);
-        }
-        let mut removed = 0;
-        for name in self.vfs.list()? {
-            if run::parse_file_name(&name).is_some_and(|seq| !live.contains(&seq)) {
-                self.vfs.remove(&name)?;
-                removed += 1;
-            }
-        }
-        if removed > 0 {
-            self.vfs.sync_dir()?;
-        }
-        Ok(removed)
     }
 
     /// The live edges whose child is in `children`, in `(child, parent)` order.
@@ -331,7 +376,7 @@ impl BackrefStore {
         self.runs.len()
     }
 
-    /// Bytes of all run files.
+    /// Bytes of all current runs (their blobs' total length).
     pub(crate) fn bytes_on_disk(&self) -> u64 {
         self.runs.iter().map(|r| r.meta.file_len).sum()
     }
@@ -354,26 +399,14 @@ fn run_slice<'r>(
     }
 }
 
-/// Reads and checks the run `meta` describes.
-fn load_run(vfs: &dyn Vfs, meta: &RunMeta) -> Result<Run> {
-    let name = run::file_name(meta.seq);
-    let missing = |e: io::Error| match e.kind() {
-        // (A dangling link is there but not a file: `Error::from` says so.)
-        io::ErrorKind::NotFound if crate::error::not_a_file_description(&e).is_none() => {
-            Error::corrupted("backref run", format!("{name} is missing"))
-        }
-        _ => Error::from(e),
-    };
-    let file = vfs.open(&name).map_err(missing)?;
-    let len = file.len()?;
-    if len != meta.file_len {
-        return Err(Error::corrupted(
-            "backref run",
-            format!("{name} is {len} bytes, manifest says {}", meta.file_len),
-        ));
+/// Reads the blobs of the run `entry` names from the segments and decodes the run.
+fn load_run(segments: &Segments, entry: &RunEntry) -> Result<Run> {
+    let len = usize::try_from(entry.meta.file_len)
+        .map_err(|_| Error::corrupted("backref run", "too large"))?;
+    let mut bytes = Vec::with_capacity(len);
+    for blob in &entry.blobs {
+        // Checks the blob's checksum; a missing segment is corruption too.
+        bytes.extend_from_slice(&segments.read(*blob, "backref run")?);
     }
-    let mut bytes =
-        vec![0; usize::try_from(len).map_err(|_| Error::corrupted("backref run", "too large"))?];
-    file.read_exact_at(&mut bytes, 0)?;
-    Run::decode(&bytes, meta)
+    Run::decode(&bytes, &entry.meta)
 }

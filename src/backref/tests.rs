@@ -5,11 +5,12 @@
 use super::bloom::Bloom;
 use super::manifest::Manifest;
 use super::run;
-use super::{BackrefStore, Edge, WriteStore, MAX_RUNS};
+use super::{run_segments, BackrefStore, Edge, WriteStore, MAX_RUNS};
 use crate::error::Result;
 use crate::format::{Addr, BlockRef, SegmentId};
 use crate::io::sim::{SimVfs, SplitMix};
 use crate::io::Vfs;
+use crate::space::Segments;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -25,8 +26,32 @@ fn block(a: Addr, len: u32) -> BlockRef {
     }
 }
 
+/// Opens the store `manifest` describes, reading its runs through segments opened
+/// afresh (read-only), as an open after a restart would.
 fn open(vfs: &SimVfs, manifest: Option<&[u8]>) -> Result<BackrefStore> {
-    BackrefStore::open(Arc::new(vfs.clone()), manifest)
+    BackrefStore::open(&Segments::open(Arc::new(vfs.clone()), true)?, manifest)
+}
+
+/// Writable segments on `vfs`, for `persist` to append to.
+fn segments(vfs: &SimVfs) -> Segments {
+    Segments::open(Arc::new(vfs.clone()), false).unwrap()
+}
+
+/// `persist`, then the segment sync the engine does before its superblock.
+fn persist(store: &mut BackrefStore, segs: &Segments, ws: WriteStore, gen: u64) -> Vec<u8> {
+    let m = store.persist(segs, ws, gen, false).unwrap();
+    segs.sync().unwrap();
+    m
+}
+
+/// The blobs of every run `manifest` names, oldest run first.
+fn blobs(manifest: &[u8]) -> Vec<BlockRef> {
+    Manifest::decode(manifest)
+        .unwrap()
+        .runs
+        .into_iter()
+        .flat_map(|r| r.blobs)
+        .collect()
 }
 
 fn run_files(vfs: &SimVfs) -> Vec<String> {
@@ -60,13 +85,15 @@ fn add_then_remove_in_one_write_store_leaves_nothing() {
 
     // Persisting an all-cancelled write store writes no run.
     let vfs = SimVfs::new();
+    let segs = segments(&vfs);
     let mut store = open(&vfs, None).unwrap();
     let mut ws = WriteStore::new();
     ws.add(block(c, 10), p);
     ws.remove(c, p);
-    let m = store.persist(ws, 1).unwrap();
+    let m = persist(&mut store, &segs, ws, 1);
     assert_eq!(store.run_count(), 0);
     assert!(run_files(&vfs).is_empty());
+    assert!(blobs(&m).is_empty());
     assert!(open(&vfs, Some(&m))
         .unwrap()
         .live_edges(&WriteStore::new())
@@ -187,12 +214,13 @@ fn bloom_has_no_false_negatives() {
 
 /// A store with one persisted run (plus a fallback-free manifest).
 fn small_store(vfs: &SimVfs) -> (BackrefStore, Vec<u8>) {
+    let segs = segments(vfs);
     let mut store = open(vfs, None).unwrap();
     let mut ws = WriteStore::new();
     ws.add(block(addr(1, 0), 100), addr(2, 0));
     ws.add(block(addr(1, 100), 50), addr(2, 0));
     ws.remove(addr(1, 200), addr(2, 8));
-    let m = store.persist(ws, 3).unwrap();
+    let m = persist(&mut store, &segs, ws, 3);
     (store, m)
 }
 
@@ -200,9 +228,11 @@ fn small_store(vfs: &SimVfs) -> (BackrefStore, Vec<u8>) {
 fn every_flipped_byte_of_a_run_is_a_checksum_error() {
     let vfs = SimVfs::new();
     let (_, m) = small_store(&vfs);
-    let name = run_files(&vfs).pop().unwrap();
-    let len = vfs.file_len(&name).unwrap();
-    for off in 0..len {
+    let [blob] = blobs(&m)[..] else {
+        panic!("one small run is one blob")
+    };
+    let name = blob.addr.segment().file_name();
+    for off in blob.addr.offset()..blob.addr.offset() + u64::from(blob.len) {
         for xor in [0x01, 0x80] {
             assert!(vfs.corrupt(&name, off, xor));
             let err = open(&vfs, Some(&m)).err().expect("corruption detected");
@@ -212,11 +242,40 @@ fn every_flipped_byte_of_a_run_is_a_checksum_error() {
     }
     assert_eq!(open(&vfs, Some(&m)).unwrap().record_count(), 3);
 
-    // A truncated or missing run file too.
+    // A truncated or missing segment too.
     let bytes = vfs.read_file(&name).unwrap();
     vfs.write_file(&name, &bytes[..bytes.len() - 1]);
     assert!(open(&vfs, Some(&m)).err().unwrap().is_corruption());
     vfs.remove(&name).unwrap();
+    assert!(open(&vfs, Some(&m)).err().unwrap().is_corruption());
+}
+
+#[test]
+fn runs_are_blobs_in_the_segments_split_when_large() {
+    let vfs = SimVfs::new();
+    let segs = segments(&vfs);
+    let mut store = open(&vfs, None).unwrap();
+    store.set_blob_max(100);
+    let mut ws = WriteStore::new();
+    for i in 0..50 {
+        ws.add(block(addr(1, i * 64), 64), addr(2, i));
+    }
+    let m = persist(&mut store, &segs, ws, 1);
+    assert!(run_files(&vfs).is_empty(), "no run file: {:?}", vfs.names());
+    let b = blobs(&m);
+    let total: u64 = b.iter().map(|b| u64::from(b.len)).sum();
+    assert!(b.len() > 10 && b.iter().all(|b| b.len <= 100), "{b:?}");
+    assert_eq!(total, store.bytes_on_disk());
+    // In order, in the segment the appends went to.
+    assert!(b.windows(2).all(|w| w[0].addr < w[1].addr));
+    assert_eq!(run_segments(&m).unwrap(), vec![b[0].addr.segment()]);
+    assert_eq!(store.segments(), run_segments(&m).unwrap());
+    let reopened = open(&vfs, Some(&m)).unwrap();
+    assert_eq!(reopened.live_edges(&WriteStore::new()).len(), 50);
+    // One damaged blob among them fails the whole run.
+    let mid = b[b.len() / 2];
+    let name = mid.addr.segment().file_name();
+    assert!(vfs.corrupt(&name, mid.addr.offset() + 3, 0x10));
     assert!(open(&vfs, Some(&m)).err().unwrap().is_corruption());
 }
 
@@ -245,12 +304,19 @@ fn damaged_manifests_are_errors() {
     assert!(open(&vfs, Some(&m2)).is_ok());
 }
 
-/// Counts the mutating operations one `persist` of `ws` performs on a fork.
+/// Blob size for the crash test: the compacted run is several blobs, so that a crash
+/// can cut the persist between them.
+const SMALL_BLOBS: usize = 32;
+
+/// Counts the mutating operations one `persist` of `ws` (and the segment sync after
+/// it) performs on a fork.
 fn persist_op_count(vfs: &SimVfs, manifest: &[u8], ws: &WriteStore) -> u64 {
     let fork = vfs.fork();
+    let segs = segments(&fork);
     let mut store = open(&fork, Some(manifest)).unwrap();
+    store.set_blob_max(SMALL_BLOBS);
     let before = fork.op_count();
-    store.persist(ws.clone(), 9).unwrap();
+    persist(&mut store, &segs, ws.clone(), 9);
     fork.op_count() - before
 }
 
@@ -258,6 +324,7 @@ fn persist_op_count(vfs: &SimVfs, manifest: &[u8], ws: &WriteStore) -> u64 {
 fn a_crash_during_persist_leaves_the_previous_manifest_readable() {
     // Eight runs, so that the ninth persist also compacts.
     let vfs = SimVfs::new();
+    let segs = segments(&vfs);
     let mut store = open(&vfs, None).unwrap();
     let mut manifest = Vec::new();
     let mut model = BTreeSet::new();
@@ -269,18 +336,22 @@ fn a_crash_during_persist_leaves_the_previous_manifest_readable() {
             ws.remove(addr(1, (gen - 2) * 10), addr(2, gen - 2));
             model.remove(&(addr(1, (gen - 2) * 10), addr(2, gen - 2)));
         }
-        manifest = store.persist(ws, gen).unwrap();
+        manifest = persist(&mut store, &segs, ws, gen);
     }
     let mut ws = WriteStore::new();
     ws.add(block(addr(3, 0), 10), addr(2, 99));
     let ops = persist_op_count(&vfs, &manifest, &ws);
-    assert!(ops >= 6, "run, compaction, sync_dir: {ops} ops");
+    assert!(ops >= 6, "the compacted run's blobs, the sync: {ops} ops");
     for fail_at in 0..=ops {
         for seed in 0..8 {
             let fork = vfs.fork();
+            let segs = segments(&fork);
             let mut store = open(&fork, Some(&manifest)).unwrap();
+            store.set_blob_max(SMALL_BLOBS);
             fork.set_fail_after(Some(fail_at));
-            let result = store.persist(ws.clone(), 9);
+            let result = store
+                .persist(&segs, ws.clone(), 9, false)
+                .and_then(|m| segs.sync().map(|()| m));
             assert_eq!(result.is_ok(), fail_at >= ops, "fail at {fail_at}");
             let after = fork.crash(seed);
             // The superblock naming a new manifest was never written: the old one holds.
@@ -305,39 +376,46 @@ fn a_crash_during_persist_leaves_the_previous_manifest_readable() {
 }
 
 #[test]
-fn garbage_collection_keeps_both_superblocks_runs() {
+fn replaced_runs_stay_readable_in_their_segments() {
     let vfs = SimVfs::new();
+    let segs = segments(&vfs);
     let mut store = open(&vfs, None).unwrap();
     let mut manifests = Vec::new();
     for gen in 1..=MAX_RUNS as u64 + 1 {
         let mut ws = WriteStore::new();
         ws.add(block(addr(1, gen), 1), addr(2, gen));
-        manifests.push(store.persist(ws, gen).unwrap());
+        manifests.push(persist(&mut store, &segs, ws, gen));
     }
-    // The ninth persist compacted: one combined run, but the eight runs the previous
-    // manifest names stay until it is no longer a fallback.
+    // The ninth persist compacted: one combined run in a new blob (the ninth level-0
+    // run was merged without being written); the eight runs the previous manifest
+    // names are still in place, since appends never overwrite.
     assert_eq!(store.run_count(), 1);
     let n = manifests.len();
-    let removed = store
-        .collect_garbage(&[&manifests[n - 1], &manifests[n - 2]])
-        .unwrap();
-    assert_eq!(
-        removed, 1,
-        "the ninth level-0 run, compacted before any manifest named it"
-    );
-    assert_eq!(run_files(&vfs).len(), MAX_RUNS + 1);
-    assert!(open(&vfs, Some(&manifests[n - 2])).is_ok());
-    let removed = store.collect_garbage(&[&manifests[n - 1]]).unwrap();
-    assert_eq!(removed, MAX_RUNS);
-    assert_eq!(run_files(&vfs).len(), 1);
+    assert_eq!(blobs(&manifests[n - 2]).len(), MAX_RUNS);
+    let [combined] = blobs(&manifests[n - 1])[..] else {
+        panic!("one combined run")
+    };
+    assert!(blobs(&manifests[n - 2])
+        .iter()
+        .all(|b| b.addr < combined.addr));
+    assert!(run_files(&vfs).is_empty());
+    let previous = open(&vfs, Some(&manifests[n - 2])).unwrap();
+    assert_eq!(previous.live_edges(&WriteStore::new()).len(), MAX_RUNS);
     let reopened = open(&vfs, Some(&manifests[n - 1])).unwrap();
     assert_eq!(reopened.live_edges(&WriteStore::new()).len(), MAX_RUNS + 1);
+    // A forced compaction rewrites even a single run (to move it out of a segment).
+    let m = store.persist(&segs, WriteStore::new(), 99, true).unwrap();
+    let [moved] = blobs(&m)[..] else {
+        panic!("one run")
+    };
+    assert!(moved.addr > combined.addr);
 }
 
 /// The random-operation run: a store, the engine's write store, and the model.
 struct Harness {
     rng: SplitMix,
     vfs: SimVfs,
+    segs: Segments,
     store: BackrefStore,
     ws: WriteStore,
     gen: u64,
@@ -368,6 +446,7 @@ impl Harness {
         Harness {
             rng: SplitMix(seed),
             store: open(&vfs, None).unwrap(),
+            segs: segments(&vfs),
             vfs,
             ws: WriteStore::new(),
             gen: 1,
@@ -485,7 +564,7 @@ impl Harness {
     fn checkpoint(&mut self) {
         let frozen = std::mem::take(&mut self.ws);
         let runs_before = self.store.run_count();
-        let m = self.store.persist(frozen, self.gen).unwrap();
+        let m = persist(&mut self.store, &self.segs, frozen, self.gen);
         if self.store.run_count() < runs_before {
             self.auto_compactions += 1;
         }
@@ -493,12 +572,13 @@ impl Harness {
         self.durable
             .insert(0, (m, self.model.clone(), self.deleted.clone()));
         self.durable.truncate(2);
-        self.collect_garbage();
-    }
-
-    fn collect_garbage(&mut self) {
-        let keep: Vec<&[u8]> = self.durable.iter().map(|(m, _, _)| m.as_slice()).collect();
-        self.store.collect_garbage(&keep).unwrap();
+        // Both superblock slots' manifests read back: nothing they name was touched.
+        for (m, model, _) in &self.durable {
+            let edges = open(&self.vfs, Some(m))
+                .unwrap()
+                .live_edges(&WriteStore::new());
+            assert!(edges.len() >= model.len());
+        }
     }
 
     /// Drops the store and opens it again from the last durable manifest (the write
@@ -510,10 +590,10 @@ impl Harness {
             None => (None, BTreeMap::new(), BTreeSet::new()),
         };
         self.store = open(&self.vfs, manifest.as_deref()).unwrap();
+        self.segs = segments(&self.vfs);
         self.ws = WriteStore::new();
         self.model = model;
         self.deleted = deleted;
-        self.collect_garbage();
     }
 
     /// A power loss, possibly in the middle of a persist that then never reaches a
@@ -522,7 +602,11 @@ impl Harness {
         if self.rng.chance(1, 2) {
             let frozen = std::mem::take(&mut self.ws);
             self.vfs.set_fail_after(Some(self.rng.below(8)));
-            if self.store.persist(frozen, self.gen).is_err() {
+            if self
+                .store
+                .persist(&self.segs, frozen, self.gen, false)
+                .is_err()
+            {
                 self.torn_persists += 1;
             }
         }
@@ -570,7 +654,7 @@ impl Harness {
             60..=69 => self.remove_parent(),
             70..=84 => self.checkpoint(),
             85..=88 => {
-                self.store.compact(self.gen).unwrap();
+                self.store.compact(&self.segs, self.gen).unwrap();
             }
             89..=90 => self.delete_segment(),
             91..=95 => {
@@ -605,21 +689,23 @@ fn random_operations_match_a_model() {
 #[test]
 fn compaction_cancels_pairs_and_purges_deleted_segments() {
     let vfs = SimVfs::new();
+    let segs = segments(&vfs);
     let mut store = open(&vfs, None).unwrap();
     let mut ws = WriteStore::new();
     for i in 0..10 {
         ws.add(block(addr(1, i), 1), addr(2, i));
         ws.add(block(addr(3, i), 1), addr(4, i));
     }
-    store.persist(ws, 1).unwrap();
+    persist(&mut store, &segs, ws, 1);
     let mut ws = WriteStore::new();
     for i in 0..5 {
         ws.remove(addr(1, i), addr(2, i));
     }
-    store.persist(ws, 2).unwrap();
+    persist(&mut store, &segs, ws, 2);
     store.delete_segment(SegmentId(4));
     assert_eq!(store.record_count(), 25);
-    let m = store.compact(3).unwrap();
+    let m = store.compact(&segs, 3).unwrap();
+    segs.sync().unwrap();
     assert_eq!(store.run_count(), 1);
     assert_eq!(store.record_count(), 5);
     assert_eq!(store.deleted_segments().count(), 0);
@@ -673,9 +759,10 @@ fn bench() {
     );
 
     let vfs = SimVfs::new();
+    let segs = segments(&vfs);
     let mut store = open(&vfs, None).unwrap();
     let t = Instant::now();
-    store.persist(ws, 1).unwrap();
+    persist(&mut store, &segs, ws, 1);
     println!(
         "persist {N} records: {:.0} ms, {} bytes",
         t.elapsed().as_secs_f64() * 1e3,
@@ -712,7 +799,7 @@ fn bench() {
             ws.remove(child(i), parent(i));
             ws.add(block(child(i), 4096), addr(200 + gen as u32, i * 64));
         }
-        store.persist(ws, gen).unwrap();
+        persist(&mut store, &segs, ws, gen);
     }
     assert_eq!(store.run_count(), MAX_RUNS);
     for width in [1, 16, 256, 8192] {
@@ -729,7 +816,7 @@ fn bench() {
         count as f64 / t.elapsed().as_secs_f64()
     );
     let t = Instant::now();
-    store.compact(99).unwrap();
+    store.compact(&segs, 99).unwrap();
     println!(
         "compact into one run: {:.0} ms",
         t.elapsed().as_secs_f64() * 1e3

@@ -67,8 +67,8 @@ fn stats_text(dir: &Path, s: &Stats) -> String {
          {main}\
          segments           {segments}, {segment_bytes} (live {live}, dead {dead})\n\
          wal                {wal_files}, {wal_bytes} not yet checkpointed, {wal_spare} spare\n\
-         footprint          {footprint} on disk (segments, WAL, reserve, back references)\n\
-         back references    {backref_records}, {backref_runs}, {backref_bytes}\n\
+         footprint          {footprint} on disk (segments, WAL, reserve)\n\
+         back references    {backref_records}, {backref_runs}, {backref_bytes} (in the segments' dead bytes)\n\
          cache              {cache_bytes} of {cache_cap}, hit rate {rate:.1}% ({hits}, {misses})\n",
         dir = dir.display(),
         fv = s.format_version,

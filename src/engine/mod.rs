@@ -100,6 +100,10 @@ pub(crate) struct Durable {
     pub chain: Chain,
     /// The blobs of the fallback superblock's chain (often a prefix of `chain`).
     pub fallback_chain: Chain,
+    /// The segments holding a blob of a back-reference run `meta`'s manifest names.
+    pub run_segments: Vec<crate::format::SegmentId>,
+    /// The same for the fallback superblock's manifest.
+    pub fallback_run_segments: Vec<crate::format::SegmentId>,
     /// Addresses the last checkpoint recorded from in-memory counts: the next freeze
     /// re-records them from the table, where their counts may have changed or gone.
     pub recorded_from_mem: Vec<crate::format::Addr>,
@@ -108,12 +112,28 @@ pub(crate) struct Durable {
 }
 
 impl Durable {
-    /// Segments holding a blob of either superblock's metadata chain.
-    pub(crate) fn chain_segments(&self) -> Vec<crate::format::SegmentId> {
+    /// Segments holding a blob either superblock slot reads at open: of its metadata
+    /// chain, or of a back-reference run its manifest names. They are never deleted.
+    pub(crate) fn meta_segments(&self) -> Vec<crate::format::SegmentId> {
+        let mut s: Vec<_> = self
+            .current_meta_segments()
+            .into_iter()
+            .chain(self.fallback_chain.segments())
+            .chain(self.fallback_run_segments.iter().copied())
+            .collect();
+        s.sort_unstable();
+        s.dedup();
+        s
+    }
+
+    /// As [`Durable::meta_segments`], for the newest slot only: the fallback's blobs
+    /// stop holding a segment at the next checkpoint (the newest slot becomes the
+    /// fallback).
+    pub(crate) fn current_meta_segments(&self) -> Vec<crate::format::SegmentId> {
         let mut s: Vec<_> = self
             .chain
             .segments()
-            .chain(self.fallback_chain.segments())
+            .chain(self.run_segments.iter().copied())
             .collect();
         s.sort_unstable();
         s.dedup();

@@ -61,6 +61,24 @@ impl Chain {
     }
 }
 
+/// The back-reference manifest of the state whose chain is `chain` (its newest blob
+/// last): that of the newest delta that set one, else the base's. Reads only the blobs
+/// from the tip back to there, usually one (a checkpoint that wrote any node changed
+/// the manifest).
+pub(crate) fn backref_manifest(segments: &Segments, chain: &Chain) -> Result<Vec<u8>> {
+    for &blob in chain.blobs.iter().rev() {
+        match codec::decode(&segments.read(blob, "metadata")?)? {
+            Blob::Base(meta) => return Ok(meta.backref_manifest),
+            Blob::Delta(_, delta) => {
+                if let Some(manifest) = delta.backref_manifest {
+                    return Ok(manifest);
+                }
+            }
+        }
+    }
+    Err(broken("a chain with no base".into()))
+}
+
 fn broken(detail: String) -> Error {
     Error::corrupted("metadata", detail)
 }
