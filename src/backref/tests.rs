@@ -255,7 +255,7 @@ fn runs_are_blobs_in_the_segments_split_when_large() {
     let vfs = SimVfs::new();
     let segs = segments(&vfs);
     let mut store = open(&vfs, None).unwrap();
-    store.set_blob_max(100);
+    store.set_blob_max(16);
     let mut ws = WriteStore::new();
     for i in 0..50 {
         ws.add(block(addr(1, i * 64), 64), addr(2, i));
@@ -264,7 +264,7 @@ fn runs_are_blobs_in_the_segments_split_when_large() {
     assert!(run_files(&vfs).is_empty(), "no run file: {:?}", vfs.names());
     let b = blobs(&m);
     let total: u64 = b.iter().map(|b| u64::from(b.len)).sum();
-    assert!(b.len() > 10 && b.iter().all(|b| b.len <= 100), "{b:?}");
+    assert!(b.len() > 10 && b.iter().all(|b| b.len <= 16), "{b:?}");
     assert_eq!(total, store.bytes_on_disk());
     // In order, in the segment the appends went to.
     assert!(b.windows(2).all(|w| w[0].addr < w[1].addr));
@@ -306,7 +306,7 @@ fn damaged_manifests_are_errors() {
 
 /// Blob size for the crash test: the compacted run is several blobs, so that a crash
 /// can cut the persist between them.
-const SMALL_BLOBS: usize = 32;
+const SMALL_BLOBS: usize = 8;
 
 /// Counts the mutating operations one `persist` of `ws` (and the segment sync after
 /// it) performs on a fork.
