@@ -14,8 +14,9 @@
 //! originals', so every version's referenced and exclusive bytes are unchanged.
 //!
 //! Protocol. First, without the writer lock, the value extents of the round's
-//! segments are copied to the end of the store and synced (`copy_extents_ahead`):
-//! that is most of a round's I/O when values are large, and commits go on meanwhile.
+//! segments are copied to the end of the store and synced, and the nodes the round
+//! will copy are read into the cache (`read_ahead`): that is most of a round's I/O,
+//! and commits go on meanwhile.
 //! Then, under the writer lock, so no commit can interleave with a half-made
 //! relocation (readers go on):
 //! 1. finish the drop queue and checkpoint: every node is now written and its count is
@@ -37,7 +38,7 @@
 //! before step 3's superblock simply leaves the old (still valid) addresses in use,
 //! and the copies written so far are dead bytes.
 
-use crate::backref::WriteStore;
+use crate::backref::{WriteStore, MAX_RUNS};
 use crate::btree::end_backrefs;
 use crate::btree::node::{Body, Child, Node, Value, NODE_MAGIC};
 use crate::btree::refcount::{RcDelta, Target};
@@ -175,7 +176,8 @@ fn clean_at_most(
     }
     for round in rounds(&victims, ROUND_BYTES) {
         let ranges: Vec<Range<Addr>> = round.iter().map(|p| p.range.clone()).collect();
-        let ahead = copy_extents_ahead(shared, &ranges)?;
+        compact_ahead(shared, &round)?;
+        let ahead = read_ahead(shared, &ranges)?;
         let done = relocate(shared, &Victims::Ranges(ranges), ahead)?;
         report.blocks_moved += done.blocks;
         report.bytes_moved += done.bytes;
@@ -527,32 +529,75 @@ impl Victims {
     }
 }
 
-/// Copies the value extents in `ranges` (parts of victim segments) to the end of the store before
-/// the relocation takes the writer lock, and makes the copies durable, so that the
-/// bulk of a round's I/O (reading and rewriting its data) does not stall commits.
-/// Returns old address → copy.
+/// Compacts the back references ahead of the round, with an ordinary checkpoint
+/// whose writing (the compaction included) runs beside commits, when the round's own
+/// checkpoints would otherwise compact with the writer lock held: because a segment
+/// the round empties holds blobs of the current runs (which must move out before it
+/// can go), or because the two runs the round may add (its settle's and its commit's)
+/// would pass [`MAX_RUNS`].
+fn compact_ahead(shared: &Shared, round: &[Piece]) -> Result<()> {
+    let due = {
+        let store = lock(&shared.backrefs);
+        let runs = store.segments();
+        store.run_count() + 2 > MAX_RUNS
+            || round
+                .iter()
+                .any(|p| p.last && runs.contains(&p.range.start.segment()))
+    };
+    if due {
+        shared
+            .compact_backrefs
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        checkpoint::run(shared, None)?;
+    }
+    Ok(())
+}
+
+/// Does the I/O of a round before it takes the writer lock, so that commits go on
+/// meanwhile: copies the value extents in `ranges` (parts of victim segments) to the
+/// end of the store and makes the copies durable, and reads into the cache the tree
+/// nodes among the victims and the nodes pointing at any victim (the leaves and
+/// branches the relocation will copy). Returns old address → copy of each extent.
 ///
-/// Only a guess, checked where it is used: the blocks come from the durable back
-/// references (without the writer's pending ones), and a block whose bytes start as
-/// a tree node does is left to the relocation, which copies nodes in memory. The
-/// relocation uses a copy only if the pointer it rewrites has the copy's length and
-/// checksum; a copy it does not use is dead space like any other.
-fn copy_extents_ahead(shared: &Shared, ranges: &[Range<Addr>]) -> Result<AddrMap<Addr, BlockRef>> {
+/// Only a guess, checked where it is used: the blocks and parents come from the
+/// durable back references (without the writer's pending ones), and a block whose
+/// bytes start as a tree node does is taken for one. The relocation uses an extent's
+/// copy only if the pointer it rewrites has the copy's length and checksum (a copy it
+/// does not use is dead space like any other), and a node read ahead is cached only
+/// if it passes its own checksum and is used only if it also matches its pointer's.
+fn read_ahead(shared: &Shared, ranges: &[Range<Addr>]) -> Result<AddrMap<Addr, BlockRef>> {
     let mut blocks: Vec<(Addr, u32)> = Vec::new();
+    let mut parents: Vec<(Addr, u32)> = Vec::new();
     {
         let store = lock(&shared.backrefs);
         let none = WriteStore::default();
+        let mut parent_addrs: Vec<Addr> = Vec::new();
         for range in ranges {
-            blocks.extend(
-                store
-                    .edges(range.clone(), &none)
-                    .iter()
-                    .map(|e| (e.child, e.len)),
-            );
+            for e in store.edges(range.clone(), &none) {
+                blocks.push((e.child, e.len));
+                parent_addrs.push(e.parent);
+            }
+        }
+        parent_addrs.sort_unstable();
+        parent_addrs.dedup();
+        // A parent's length is on the edge from its own parent (a root has none: roots
+        // are read often enough to be cached anyway).
+        for p in parent_addrs {
+            if let Some(e) = store.edges(p..Addr(p.0 + 1), &none).first() {
+                parents.push((p, e.len));
+            }
         }
     }
     blocks.sort_unstable();
     blocks.dedup_by_key(|b| b.0);
+    let loader = shared.loader();
+    for &(addr, len) in &parents {
+        if shared.cache.get(addr).is_none() {
+            if let Ok(bytes) = shared.segments.read_span(addr, len, "node") {
+                loader.cache_read_ahead(addr, &bytes);
+            }
+        }
+    }
     let node_magic = NODE_MAGIC.to_le_bytes();
     let mut copies = AddrMap::default();
     let mut buf: Vec<u8> = Vec::new();
@@ -573,10 +618,10 @@ fn copy_extents_ahead(shared: &Shared, ranges: &[Range<Addr>]) -> Result<AddrMap
     };
     for (addr, len) in blocks {
         // A block that cannot be read now is the relocation's to report.
-        let Ok(bytes) = shared.segments.read_span(addr, len, "value extent") else {
+        let Ok(bytes) = shared.segments.read_span(addr, len, "block") else {
             continue;
         };
-        if bytes.starts_with(&node_magic) {
+        if bytes.starts_with(&node_magic) && loader.cache_read_ahead(addr, &bytes) {
             continue;
         }
         pending.push((addr, len, crc(&bytes), buf.len()));

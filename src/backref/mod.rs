@@ -76,7 +76,6 @@ mod write_store;
 mod tests;
 
 pub(crate) use record::Edge;
-#[cfg(test)]
 pub(crate) use store::MAX_RUNS;
 pub(crate) use store::{run_segments, BackrefStore};
 pub(crate) use write_store::WriteStore;

@@ -24,7 +24,7 @@ pub(crate) use write::{delete, end_backrefs, insert, node_children, WriteCtx};
 
 use crate::btree::cache::PageCache;
 use crate::error::{Error, Result};
-use crate::format::BlockRef;
+use crate::format::{crc, len_u32, Addr, BlockRef};
 use crate::space::Segments;
 use node::{Body, BranchEntry, Child, Node, Probe, Value, MAX_DEPTH};
 use std::cmp::Ordering;
@@ -41,12 +41,43 @@ pub(crate) struct Loader<'a> {
 impl Loader<'_> {
     pub(crate) fn load(&self, r: BlockRef) -> Result<Arc<Node>> {
         if let Some(n) = self.cache.get(r.addr) {
+            // A node read ahead (`Loader::read_ahead`) was cached on its own checksum;
+            // the pointer's must agree, as a read's would have to.
+            if n.disk
+                .get()
+                .is_some_and(|d| d.crc != r.crc || d.len != r.len)
+            {
+                return Err(Error::corrupted(
+                    "node",
+                    format!("checksum mismatch at {:?} ({} bytes)", r.addr, r.len),
+                ));
+            }
             return Ok(n);
         }
         let buf = self.segments.read(r, "node")?;
         let node = Arc::new(Node::decode(&buf, r)?);
         self.cache.insert(r.addr, node.clone());
         Ok(node)
+    }
+
+    /// Caches the node whose `bytes` were read at `addr` without a pointer to check
+    /// them against (the cleaner reads ahead what its relocation will load). Only a
+    /// node that passes its own checksum is cached, and a later [`Loader::load`]
+    /// still compares the pointer's checksum with these bytes'. Returns whether it
+    /// cached one.
+    pub(crate) fn cache_read_ahead(&self, addr: Addr, bytes: &[u8]) -> bool {
+        let at = BlockRef {
+            addr,
+            len: len_u32(bytes.len()),
+            crc: crc(bytes),
+        };
+        match Node::decode(bytes, at) {
+            Ok(node) => {
+                self.cache.insert(addr, Arc::new(node));
+                true
+            }
+            Err(_) => false,
+        }
     }
 
     pub(crate) fn resolve(&self, child: &Child) -> Result<Arc<Node>> {
