@@ -179,3 +179,62 @@ fn get_below<R>(
 pub(crate) fn contains(loader: Loader<'_>, root: Option<&Child>, key: &[u8]) -> Result<bool> {
     Ok(get_with(loader, root, key, |_| Ok(()))?.is_some())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::node::{Key, LeafEntry};
+    use super::*;
+    use crate::format::SegmentId;
+
+    /// A node read ahead is cached on its own checksum; a load through a pointer
+    /// whose checksum or length disagrees is refused as corruption, as a read would
+    /// be, and one through the right pointer is served from the cache.
+    #[test]
+    fn a_node_read_ahead_must_match_the_pointer_that_loads_it() {
+        let vfs = Arc::new(crate::io::sim::SimVfs::new());
+        let segments = Segments::open(vfs, false).expect("segments on a fresh SimVfs");
+        let cache = PageCache::new(1 << 20);
+        let loader = Loader {
+            cache: &cache,
+            segments: &segments,
+        };
+        let leaf = Node::new_leaf(
+            vec![LeafEntry {
+                key: Key::from(&b"k"[..]),
+                value: Value::Inline(b"v"[..].into()),
+            }],
+            1,
+        );
+        let mut bytes = Vec::new();
+        leaf.encode(&mut bytes);
+        let addr = Addr::new(SegmentId(1), 64);
+        let right = BlockRef {
+            addr,
+            len: len_u32(bytes.len()),
+            crc: crc(&bytes),
+        };
+
+        let mut damaged = bytes.clone();
+        damaged[12] ^= 1;
+        assert!(
+            !loader.cache_read_ahead(addr, &damaged),
+            "a node failing its own checksum is not cached"
+        );
+        assert!(loader.cache_read_ahead(addr, &bytes));
+
+        let wrong_crc = BlockRef {
+            crc: right.crc ^ 1,
+            ..right
+        };
+        let wrong_len = BlockRef {
+            len: right.len + 1,
+            ..right
+        };
+        for bad in [wrong_crc, wrong_len] {
+            let err = loader.load(bad).expect_err("the pointer disagrees");
+            assert!(err.is_corruption(), "{err}");
+        }
+        let node = loader.load(right).expect("served from the cache");
+        assert_eq!(node.level, 0);
+    }
+}
