@@ -86,6 +86,60 @@ fn get_missing_key_exits_1() {
     fails(t.run("get", &["b", "--json"]), 1, &["key not found"]);
 }
 
+/// `get --stdin`: keys from stdin, one read transaction, the pairs found printed in
+/// input order; exit 1 (with a count) if any was missing, 3 for a line that is not a
+/// key, 2 for KEY and --stdin together or neither.
+#[test]
+fn get_stdin_looks_up_many_keys_in_input_order() {
+    let t = TestStore::new();
+    t.put("a", "1");
+    t.put("b", "2");
+    t.put("c", "3");
+    let get = |rest: &[&str], input: &str| {
+        let mut args = vec!["get", t.d(), "--stdin"];
+        args.extend_from_slice(rest);
+        run_stdin(&args, input.as_bytes())
+    };
+    // Input order, duplicates kept, blank lines skipped, CR LF endings taken.
+    assert_eq!(ok(get(&[], "c\na\n\nc\r\nb")), "c\t3\na\t1\nc\t3\nb\t2\n");
+    assert_eq!(ok(get(&[], "")), "");
+    let o = get(&[], "b\nmissing\na\nnope\n");
+    assert_eq!(stdout(&o), "b\t2\na\t1\n", "found keys still print");
+    fails_stdout_unchecked(o, 1, &["2 of 4 keys not found"]);
+    assert_eq!(
+        ok(get(&["--json"], "a\nb\n")),
+        "{\"key\":\"a\",\"value\":\"1\"}\n{\"key\":\"b\",\"value\":\"2\"}\n"
+    );
+    assert_eq!(ok(get(&["--hex"], "63\n61\n")), "63\t33\n61\t31\n");
+    // --at reads a snapshot as it was.
+    ok(t.run("snapshot", &["main", "s1"]));
+    t.put("a", "changed");
+    assert_eq!(ok(get(&["--at", "s1"], "a\n")), "a\t1\n");
+    assert_eq!(ok(get(&[], "a\n")), "a\tchanged\n");
+    fails(get(&["--at", "nope"], "a\n"), 1, &["nope"]);
+    // A line that is no key stops it, naming the line (what was found before it is
+    // printed: the output streams).
+    let o = get(&["--hex"], "61\n6\n");
+    assert_eq!(stdout(&o), "61\t6368616e676564\n");
+    fails_stdout_unchecked(o, 3, &["line 2", "hex"]);
+    let long = "k".repeat(cambium::MAX_KEY_LEN + 1);
+    fails(get(&[], &format!("{long}\na\n")), 3, &["line 1"]);
+    let huge = "k".repeat(1 << 20);
+    fails(
+        get(&[], &huge),
+        3,
+        &["line 1", "longer than the longest valid line"],
+    );
+    fails(
+        run_stdin(&["get", t.d(), "--stdin"], b"\xff\na\n"),
+        3,
+        &["line 1", "UTF-8"],
+    );
+    // KEY and --stdin together, or neither.
+    usage_error(run(&["get", t.d(), "a", "--stdin"]));
+    usage_error(run(&["get", t.d()]));
+}
+
 #[test]
 fn del_existing_and_missing() {
     let t = TestStore::new();

@@ -72,14 +72,25 @@ pub enum Command {
         branch: String,
     },
     /// Print KEY's value (and a newline); exit 1 if the key is absent.
+    ///
+    /// With --stdin, read keys from stdin instead, one per line (hex under --hex; blank
+    /// lines are skipped and a trailing CR is dropped), look them all up in one read
+    /// transaction, and print `key<TAB>value` (or the JSON object under --json) for
+    /// every key found, in input order. Keys not found print nothing; the exit code is
+    /// 0 if every key was found, 1 if any was missing (with a count on stderr), 3 for a
+    /// line that is not a valid key (naming it).
     Get {
         /// The store directory.
         dir: PathBuf,
         /// The key.
-        key: String,
+        #[arg(required_unless_present = "stdin")]
+        key: Option<String>,
         /// Read this version (branch or snapshot) instead of main.
         #[arg(long, value_name = "VERSION")]
         at: Option<String>,
+        /// Read the keys from stdin, one per line, instead of KEY.
+        #[arg(long, conflicts_with = "key")]
+        stdin: bool,
     },
     /// Delete KEY in one durable transaction; exit 1 if it did not exist.
     #[command(alias = "delete")]

@@ -125,10 +125,8 @@ fn line_limit(buf: &[u8], max: usize, value_digits: usize) -> usize {
     }
 }
 
-/// The next line of `input` without its line ending (`\n` or `\r\n`), read into
-/// `buf`; `None` at the end of the input. A line longer than `max` bytes is refused
-/// (naming it by `line_no`) once `max` bytes of it are read: memory never holds more
-/// than one valid line.
+/// The next `batch` line of `input` (see [`read_bounded_line`]), refused once it is
+/// longer than any valid operation can be.
 fn next_line<'b>(
     input: &mut impl BufRead,
     buf: &'b mut Vec<u8>,
@@ -136,6 +134,33 @@ fn next_line<'b>(
     line_no: u64,
 ) -> CliResult<Option<&'b [u8]>> {
     let (max, value_digits) = (max_line_len(enc), digits_per_byte(enc));
+    let longest = format!(
+        "{max} bytes: a {}-byte key and a {}-byte value",
+        cambium::MAX_KEY_LEN,
+        cambium::MAX_VALUE_LEN
+    );
+    read_bounded_line(
+        input,
+        buf,
+        line_no,
+        &|read| line_limit(read, max, value_digits),
+        &longest,
+    )
+}
+
+/// The next line of `input` without its line ending (`\n` or `\r\n`), read into
+/// `buf`; `None` at the end of the input. `limit` gives, for the part of the line
+/// read so far, the most bytes the whole line may have (the ending not counted); a
+/// longer line is refused (naming it by `line_no`, and saying what the longest valid
+/// line is: `longest`) as soon as it passes that: memory never holds more than one
+/// valid line.
+pub(super) fn read_bounded_line<'b>(
+    input: &mut impl BufRead,
+    buf: &'b mut Vec<u8>,
+    line_no: u64,
+    limit: &dyn Fn(&[u8]) -> usize,
+    longest: &str,
+) -> CliResult<Option<&'b [u8]>> {
     buf.clear();
     let mut ended = false;
     while !ended {
@@ -150,12 +175,9 @@ fn next_line<'b>(
             None => (chunk.len(), false),
         };
         // The line ending does not count against the limit.
-        if buf.len() + take - usize::from(newline) > line_limit(buf, max, value_digits) {
+        if buf.len() + take - usize::from(newline) > limit(buf) {
             return Err(CliError::failure(format!(
-                "line {line_no}: longer than the longest valid line ({max} bytes: a \
-                 {}-byte key and a {}-byte value)",
-                cambium::MAX_KEY_LEN,
-                cambium::MAX_VALUE_LEN
+                "line {line_no}: longer than the longest valid line ({longest})"
             )));
         }
         buf.extend_from_slice(&chunk[..take]);

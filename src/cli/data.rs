@@ -1,12 +1,14 @@
 //! The data commands on single keys and key ranges: `put`, `get`, `del` and `scan`.
 
 use super::args::ScanArgs;
-use super::error::{CliError, CliResult};
+use super::batch::read_bounded_line;
+use super::codec::Encoding;
+use super::error::{output_error, CliError, CliResult};
 use super::open::{check_at, check_name, open_read_only, read_view, write_one, Target};
 use super::output::{print_key_value, print_pair};
 use super::Ctx;
 use cambium::{check_key, prefix_successor};
-use std::io::Write;
+use std::io::{BufRead, Write};
 use std::ops::Bound;
 use std::path::Path;
 
@@ -34,6 +36,57 @@ pub fn get(ctx: &Ctx, out: &mut impl Write, dir: &Path, key: &str, at: Option<&s
         Some(value) => print_key_value(ctx, out, &value, None, b""),
         None => Err(key_not_found(ctx, &key)),
     }
+}
+
+/// `cambium get DIR --stdin [--at VERSION]`: every key read from `input`, looked up in
+/// one read transaction; the pairs found are printed in input order.
+pub fn get_stdin(
+    ctx: &Ctx,
+    out: &mut impl Write,
+    input: &mut impl BufRead,
+    dir: &Path,
+    at: Option<&str>,
+) -> CliResult {
+    check_at(at)?;
+    let store = open_read_only(dir)?;
+    let read = read_view(&store, at)?;
+    // A key of the longest length, in the input's encoding, and a CR.
+    let digits = match ctx.enc {
+        Encoding::Hex => 2,
+        Encoding::Text => 1,
+    };
+    let max = digits * cambium::MAX_KEY_LEN + 1;
+    let longest = format!("{max} bytes: a {}-byte key", cambium::MAX_KEY_LEN);
+    let (mut buf, mut line_no, mut looked_up, mut missing) = (Vec::new(), 0u64, 0u64, 0u64);
+    while let Some(line) = read_bounded_line(input, &mut buf, line_no + 1, &|_| max, &longest)? {
+        line_no += 1;
+        if line.is_empty() {
+            continue;
+        }
+        let bad = |why: String| CliError::failure(format!("line {line_no}: {why}"));
+        if ctx.enc == Encoding::Text {
+            std::str::from_utf8(line)
+                .map_err(|e| bad(format!("not valid UTF-8 ({e}); use --hex for binary keys")))?;
+        }
+        let key = ctx
+            .enc
+            .decode(line)
+            .map_err(|e| bad(format!("invalid key: {e}")))?;
+        check_key(&key).map_err(|e| bad(e.to_string()))?;
+        looked_up += 1;
+        match read.get(&key)? {
+            Some(value) => print_pair(ctx, out, &key, Some(&value))?,
+            None => missing += 1,
+        }
+    }
+    out.flush().map_err(output_error)?;
+    if missing > 0 {
+        return Err(CliError::not_found(format!(
+            "{missing} of {looked_up} {} not found",
+            if looked_up == 1 { "key" } else { "keys" }
+        )));
+    }
+    Ok(())
 }
 
 /// `cambium del DIR KEY [--branch B]`

@@ -116,7 +116,19 @@ fn dispatch(cli: Cli) -> CliResult {
             value,
             branch,
         } => data::put(&ctx, dir, key, value, branch),
-        Command::Get { dir, key, at } => data::get(&ctx, &mut out, dir, key, at.as_deref()),
+        Command::Get {
+            dir,
+            key: Some(key),
+            at,
+            stdin: false,
+        } => data::get(&ctx, &mut out, dir, key, at.as_deref()),
+        Command::Get { dir, at, .. } => data::get_stdin(
+            &ctx,
+            &mut out,
+            &mut std::io::stdin().lock(),
+            dir,
+            at.as_deref(),
+        ),
         Command::Del { dir, key, branch } => data::del(&ctx, dir, key, branch),
         Command::Scan(a) => data::scan(&ctx, &mut out, a),
         Command::Batch {
