@@ -1,0 +1,86 @@
+//! A large transaction commits by checkpoint, with no WAL record of its own: the
+//! freeze marks its LSN with a `CheckpointCommit` record in the new WAL generation,
+//! which recovery from an older superblock refuses (it could not rebuild the
+//! transaction). So that record must never be durable before the superblock that
+//! holds the transaction: it waits in the WAL buffer, and only a later commit's sync
+//! (after the writer lock is let go, so after the superblock) writes it. A crash
+//! (power loss, or a kill that keeps every write) at I/O operations spread over that
+//! commit must leave a store that opens, holding all of the transaction (if it was
+//! acknowledged) or none of it.
+
+mod common;
+
+use cambium::io::sim::SimVfs;
+use cambium::Options;
+use common::{open_sim, sim_options, SIM_PATH};
+
+fn options(vfs: &SimVfs) -> Options {
+    Options {
+        txn_dirty_bytes: 16 << 10,
+        ..sim_options(vfs)
+    }
+}
+
+fn key(i: u64) -> Vec<u8> {
+    format!("k{:08}", i.wrapping_mul(2_654_435_761) % 1_000_003).into_bytes()
+}
+
+#[test]
+fn a_crash_inside_a_large_commit_leaves_a_store_that_opens() {
+    // The base state: one small durable commit.
+    let vfs = SimVfs::new();
+    {
+        let store = cambium::Store::create_with(SIM_PATH, options(&vfs)).unwrap();
+        store.put(b"before", b"1").unwrap();
+        store.close().unwrap();
+    }
+    let large = |store: &cambium::Store| -> cambium::Result<()> {
+        let mut txn = store.begin_write()?;
+        for i in 0..2_000 {
+            txn.put(&key(i), format!("value {i}").as_bytes())?;
+        }
+        txn.commit()
+    };
+    // How many I/O operations the large commit takes.
+    let ops = {
+        let fork = vfs.fork();
+        let store = cambium::Store::open_with(SIM_PATH, options(&fork)).unwrap();
+        let before = fork.op_count();
+        large(&store).unwrap();
+        fork.op_count() - before
+    };
+    assert!(ops > 10, "{ops} operations");
+    let mut checked = 0;
+    // About 40 points spread over the commit, the last ones included.
+    let stride = (ops / 40).max(1);
+    for fail_at in (0..ops)
+        .step_by(stride as usize)
+        .chain(ops.saturating_sub(3)..ops)
+    {
+        for keep_all in [true, false] {
+            let fork = vfs.fork();
+            let store = cambium::Store::open_with(SIM_PATH, options(&fork)).unwrap();
+            fork.set_fail_after(Some(fail_at));
+            let committed = large(&store).is_ok();
+            drop(store);
+            let after = if keep_all {
+                fork.crash_keep_all()
+            } else {
+                fork.crash_drop_all()
+            };
+            let store = open_sim(&after).unwrap_or_else(|e| {
+                panic!("crash at operation {fail_at} of {ops} (keep all: {keep_all}): {e}")
+            });
+            let read = store.read().unwrap();
+            assert_eq!(read.get(b"before").unwrap().as_deref(), Some(&b"1"[..]));
+            let first = read.get(&key(0)).unwrap();
+            let last = read.get(&key(1_999)).unwrap();
+            assert_eq!(first.is_some(), last.is_some(), "all or nothing");
+            if committed {
+                assert!(first.is_some(), "an acknowledged commit survives");
+            }
+            checked += 1;
+        }
+    }
+    eprintln!("{checked} crash points over {ops} operations");
+}
