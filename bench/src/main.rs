@@ -352,10 +352,22 @@ fn timed<T>(w: W, out: &mut RunResult, f: impl FnOnce() -> Res<T>) -> Res<T> {
     let t = Instant::now();
     let r = f()?;
     let d = t.elapsed();
-    eprint!("    {:<18} {:>10.3} ms", w.key(), d.as_secs_f64() * 1e3);
+    let (anon, file, hwm) = (
+        status_kib("RssAnon:"),
+        status_kib("RssFile:"),
+        status_kib("VmHWM:"),
+    );
+    eprint!(
+        "    {:<18} {:>10.3} ms  rss anon {} MiB file {} MiB, peak {} MiB",
+        w.key(),
+        d.as_secs_f64() * 1e3,
+        anon >> 10,
+        file >> 10,
+        hwm >> 10
+    );
     out.times.insert(w, d);
-    out.anon_kib = out.anon_kib.max(status_kib("RssAnon:"));
-    out.file_kib = out.file_kib.max(status_kib("RssFile:"));
+    out.anon_kib = out.anon_kib.max(anon);
+    out.file_kib = out.file_kib.max(file);
     Ok(r)
 }
 
