@@ -1,6 +1,6 @@
-//! Adapters for the three engines.
+//! Adapters for the four engines.
 
-use crate::workload::{Engine, Key, Res, Tuning, Value, VALUE_SIZE};
+use crate::workload::{Engine, Key, Res, Tuning, Value, EQUAL_BUDGET, VALUE_SIZE};
 use std::ops::Bound;
 use std::path::Path;
 
@@ -23,8 +23,12 @@ impl Engine for Cambium {
     const NAME: &'static str = "cambium";
 
     fn create(dir: &Path, tuning: &Tuning) -> Res<Self> {
-        // Default options (256 MiB cache, background checkpoints on) unless tuned.
+        // Default options (256 MiB cache, background checkpoints on); the equal
+        // configuration gives the node cache the peers' 4 GiB.
         let mut opts = cambium::Options::default();
+        if tuning.equal {
+            opts.cache_bytes = EQUAL_BUDGET;
+        }
         if let Some(b) = tuning.cambium_cache_bytes {
             opts.cache_bytes = b;
         }
@@ -90,6 +94,11 @@ impl Engine for Cambium {
         ))
     }
 
+    fn checkpoint(&mut self) -> Res<()> {
+        self.store.checkpoint()?;
+        Ok(())
+    }
+
     fn describe(&self) -> Option<String> {
         self.store
             .stats()
@@ -116,10 +125,13 @@ pub struct Redb {
 impl Engine for Redb {
     const NAME: &'static str = "redb";
 
-    fn create(dir: &Path, _: &Tuning) -> Res<Self> {
-        let db = redb::Builder::new()
-            .set_cache_size(4 << 30)
-            .create(dir.join("bench.redb"))?;
+    fn create(dir: &Path, tuning: &Tuning) -> Res<Self> {
+        // Default: redb's 1 GiB cache.
+        let mut b = redb::Builder::new();
+        if tuning.equal {
+            b.set_cache_size(EQUAL_BUDGET);
+        }
+        let db = b.create(dir.join("bench.redb"))?;
         Ok(Redb { db })
     }
 
@@ -199,7 +211,13 @@ impl Engine for Lmdb {
         let path = dir.join("lmdb");
         std::fs::create_dir_all(&path)?;
         // SAFETY: a fresh directory only this process uses; default (durable) flags.
-        let env = unsafe { heed::EnvOpenOptions::new().map_size(4 << 30).open(&path)? };
+        // The map is 4 GiB in both configurations: LMDB's default (10 MiB) cannot hold
+        // the data, and the map size is a limit, not memory (the OS page cache is LMDB's).
+        let env = unsafe {
+            heed::EnvOpenOptions::new()
+                .map_size(EQUAL_BUDGET)
+                .open(&path)?
+        };
         let wtxn = env.write_txn()?;
         let db = env
             .create_databases_and_commit(wtxn, |wdo, wtxn| -> Res<_> {
@@ -257,6 +275,113 @@ impl Engine for Lmdb {
     fn close(self) -> Res<()> {
         let Lmdb { env, db: _ } = self;
         env.prepare_for_closing().wait();
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------- Sanakirja
+
+type SDb = sanakirja::btree::UDb<[u8], [u8]>;
+type SPage = sanakirja::btree::page_unsized::Page<[u8], [u8]>;
+
+fn sk<E: std::fmt::Display>(e: E) -> crate::workload::BoxError {
+    format!("sanakirja: {e}").into()
+}
+
+/// Sanakirja 1.4, one unsized-key B-tree whose root is root slot 0. Every write
+/// transaction commits, which `msync`s the memory map.
+pub struct Sanakirja {
+    env: std::sync::Arc<sanakirja::Env>,
+}
+
+impl Sanakirja {
+    fn db<T: sanakirja::RootDb>(txn: &T) -> Res<SDb> {
+        txn.root_db::<[u8], [u8], SPage>(0)
+            .ok_or_else(|| "sanakirja: no tree".into())
+    }
+}
+
+impl Engine for Sanakirja {
+    const NAME: &'static str = "sanakirja";
+
+    fn create(dir: &Path, _: &Tuning) -> Res<Self> {
+        use sanakirja::Commit;
+        // The same initial map size as LMDB's map in both configurations (the file grows
+        // as needed; Sanakirja has no default, and no cache of its own: the OS page cache).
+        let env = std::sync::Arc::new(
+            sanakirja::Env::new(dir.join("sanakirja.db"), EQUAL_BUDGET as u64, 2).map_err(sk)?,
+        );
+        let mut txn = sanakirja::Env::mut_txn_begin(env.clone()).map_err(sk)?;
+        // SAFETY: a fresh tree in a fresh environment, only ever read back as `SDb`.
+        let db: SDb = unsafe { sanakirja::btree::create_db_::<_, [u8], [u8], SPage>(&mut txn) }
+            .map_err(sk)?;
+        txn.set_root(0, db.db.into());
+        txn.commit().map_err(sk)?;
+        Ok(Sanakirja { env })
+    }
+
+    fn insert_txn(&mut self, pairs: impl Iterator<Item = (Key, Value)>) -> Res<()> {
+        use sanakirja::Commit;
+        let mut txn = sanakirja::Env::mut_txn_begin(self.env.clone()).map_err(sk)?;
+        let mut db = Self::db(&txn)?;
+        for (k, v) in pairs {
+            // A multimap: the keys are new (random 24-byte keys), so a plain put.
+            sanakirja::btree::put(&mut txn, &mut db, &k[..], &v[..]).map_err(sk)?;
+        }
+        txn.set_root(0, db.db.into());
+        txn.commit().map_err(sk)?;
+        Ok(())
+    }
+
+    fn remove_txn(&mut self, keys: impl Iterator<Item = Key>) -> Res<u64> {
+        use sanakirja::Commit;
+        let mut txn = sanakirja::Env::mut_txn_begin(self.env.clone()).map_err(sk)?;
+        let mut db = Self::db(&txn)?;
+        let mut n = 0;
+        for k in keys {
+            n += sanakirja::btree::del(&mut txn, &mut db, &k[..], None).map_err(sk)? as u64;
+        }
+        txn.set_root(0, db.db.into());
+        txn.commit().map_err(sk)?;
+        Ok(n)
+    }
+
+    fn read_txn(&mut self, pairs: impl Iterator<Item = (Key, Value)>) -> Res<u64> {
+        let txn = sanakirja::Env::txn_begin(self.env.clone()).map_err(sk)?;
+        let db = Self::db(&txn)?;
+        let mut sum = 0u64;
+        for (k, v) in pairs {
+            // `get` lands on the first binding at or after `k`.
+            let (got_k, got) = sanakirja::btree::get(&txn, &db, &k[..], None)
+                .map_err(sk)?
+                .ok_or("missing key")?;
+            if got_k != &k[..] {
+                return Err("missing key".into());
+            }
+            check_value(got, &v)?;
+            sum += got.len() as u64;
+        }
+        Ok(sum)
+    }
+
+    fn range_txn(&mut self, keys: impl Iterator<Item = Key>, len: usize) -> Res<u64> {
+        let txn = sanakirja::Env::txn_begin(self.env.clone()).map_err(sk)?;
+        let db = Self::db(&txn)?;
+        let mut sum = 0u64;
+        for k in keys {
+            for kv in sanakirja::btree::iter(&txn, &db, Some((&k[..], None)))
+                .map_err(sk)?
+                .take(len)
+            {
+                let (k, v) = kv.map_err(sk)?;
+                sum += (k.len() + v.len()) as u64;
+            }
+        }
+        Ok(sum)
+    }
+
+    fn close(self) -> Res<()> {
+        drop(self.env);
         Ok(())
     }
 }

@@ -1,5 +1,7 @@
-//! cambium-bench: cambium vs redb vs LMDB (heed) on the workloads of redb's own
-//! comparative benchmark (`benches/lmdb_benchmark.rs`), interleaved, medians of N runs.
+//! cambium-bench: cambium vs redb, LMDB (heed) and Sanakirja on the workloads of redb's
+//! own comparative benchmark (`benches/lmdb_benchmark.rs`), each engine's run in its own
+//! child process, the engines' order rotated between rounds, medians of N rounds, in two
+//! configurations (every engine's default options, and an equal 4 GiB memory budget).
 //!
 //! ```text
 //! cargo run --release -p cambium-bench -- --runs 3
@@ -19,20 +21,23 @@ use std::time::{Duration, Instant};
 use workload::{pairs, Engine, Res, Rng, Tuning, SEED_BATCH, SEED_INDIVIDUAL, SEED_MAIN};
 
 const USAGE: &str = "\
-cambium-bench: cambium vs redb vs LMDB (heed), redb's comparative workloads
+cambium-bench: cambium vs redb vs LMDB (heed) vs Sanakirja, redb's comparative workloads
 
 USAGE: cargo run --release -p cambium-bench -- [FLAGS]
 
-  --runs N              repetitions, engines interleaved within each (default 3)
+  --runs N              rounds; every engine runs once per round and configuration, round
+                        r starting with engine r mod (engines) (default 3)
   --n N                 keys in the bulk load (default 1000000)
-  --engines LIST        comma list of cambium,redb,lmdb (default all three)
+  --engines LIST        comma list of cambium,redb,lmdb,sanakirja (default all four)
+  --config C            defaults (each engine's default options), equal (a 4 GiB cache or
+                        map for every engine) or both (default both)
   --individual-writes N single-insert durable txns (default 1000)
   --batch-txns N        durable txns in the batch-writes workload (default 100)
   --batch-size N        inserts per batch txn (default 1000)
   --range-scans N       range scans (default n/2)
   --range-len N         entries read per range scan (default 10)
   --removals N          keys removed in one txn (default n/2)
-  --cambium-cache-mib N cambium's node cache size (default 4096, the budget redb and LMDB get)
+  --cambium-cache-mib N override cambium's node cache in every configuration (diagnosis)
   --dir DIR             parent of the per-run temp directories (default $TMPDIR or /tmp)
   --json FILE           also write machine-readable results to FILE
   --keep                keep the database directories (default: deleted after each run)
@@ -40,11 +45,20 @@ USAGE: cargo run --release -p cambium-bench -- [FLAGS]
   -h, --help            this text
 ";
 
+/// The flag a child process gets: `ENGINE:CONFIG:ROUND`.
+const CHILD_FLAG: &str = "--child";
+/// Prefixes the child's one line of JSON results on its stdout.
+const CHILD_RESULT: &str = "CAMBIUM-BENCH-RESULT ";
+
+const ALL_ENGINES: [&str; 4] = ["cambium", "redb", "lmdb", "sanakirja"];
+
 #[derive(Clone, Debug)]
 struct Config {
     runs: usize,
     n: u64,
     engines: Vec<String>,
+    /// The configurations to run, as `Tuning::equal`: false = defaults, true = equal.
+    configs: Vec<bool>,
     individual_writes: u64,
     batch_txns: u64,
     batch_size: u64,
@@ -54,7 +68,9 @@ struct Config {
     dir: PathBuf,
     json: Option<PathBuf>,
     keep: bool,
-    tuning: Tuning,
+    cambium_cache_bytes: Option<usize>,
+    /// Set in a child process: the one (engine, configuration, round) it runs.
+    child: Option<(String, bool, usize)>,
 }
 
 impl Config {
@@ -64,13 +80,39 @@ impl Config {
     fn removals(&self) -> u64 {
         self.removals.unwrap_or(self.n / 2).min(self.n)
     }
+    fn tuning(&self, equal: bool) -> Tuning {
+        Tuning {
+            equal,
+            cambium_cache_bytes: self.cambium_cache_bytes,
+        }
+    }
+}
+
+fn config_name(equal: bool) -> &'static str {
+    if equal {
+        "equal"
+    } else {
+        "defaults"
+    }
+}
+
+fn parse_config(v: &str) -> Result<Vec<bool>, String> {
+    match v {
+        "defaults" | "default" => Ok(vec![false]),
+        "equal" => Ok(vec![true]),
+        "both" => Ok(vec![false, true]),
+        other => Err(format!(
+            "--config: {other:?} is not defaults, equal or both"
+        )),
+    }
 }
 
 fn parse_args() -> Result<Config, String> {
     let mut c = Config {
         runs: 3,
         n: 1_000_000,
-        engines: vec!["cambium".into(), "redb".into(), "lmdb".into()],
+        engines: ALL_ENGINES.iter().map(|s| s.to_string()).collect(),
+        configs: vec![false, true],
         individual_writes: 1000,
         batch_txns: 100,
         batch_size: 1000,
@@ -80,11 +122,8 @@ fn parse_args() -> Result<Config, String> {
         dir: std::env::temp_dir(),
         json: None,
         keep: false,
-        // The same memory budget for every engine: redb gets a 4 GiB cache and LMDB a
-        // 4 GiB map, so cambium gets a 4 GiB node cache.
-        tuning: Tuning {
-            cambium_cache_bytes: Some(4 << 30),
-        },
+        cambium_cache_bytes: None,
+        child: None,
     };
     let mut quick = false;
     let (mut runs, mut n, mut iw, mut bt) = (None, None, None, None);
@@ -107,11 +146,12 @@ fn parse_args() -> Result<Config, String> {
                     .filter(|s| !s.is_empty())
                     .collect();
                 for e in &c.engines {
-                    if !["cambium", "redb", "lmdb"].contains(&e.as_str()) {
-                        return Err(format!("unknown engine {e:?} (cambium, redb, lmdb)"));
+                    if !ALL_ENGINES.contains(&e.as_str()) {
+                        return Err(format!("unknown engine {e:?} ({})", ALL_ENGINES.join(", ")));
                     }
                 }
             }
+            "--config" => c.configs = parse_config(&args.next().ok_or("--config needs a value")?)?,
             "--individual-writes" => iw = Some(num(&a, args.next())?),
             "--batch-txns" => bt = Some(num(&a, args.next())?),
             "--batch-size" => c.batch_size = num(&a, args.next())?,
@@ -119,12 +159,23 @@ fn parse_args() -> Result<Config, String> {
             "--range-len" => c.range_len = num(&a, args.next())?,
             "--removals" => c.removals = Some(num(&a, args.next())?),
             "--cambium-cache-mib" => {
-                c.tuning.cambium_cache_bytes = Some(num::<usize>(&a, args.next())? << 20)
+                c.cambium_cache_bytes = Some(num::<usize>(&a, args.next())? << 20)
             }
             "--dir" => c.dir = args.next().ok_or("--dir needs a value")?.into(),
             "--json" => c.json = Some(args.next().ok_or("--json needs a value")?.into()),
             "--keep" => c.keep = true,
             "--quick" => quick = true,
+            CHILD_FLAG => {
+                let v = args.next().ok_or("--child needs a value")?;
+                let mut it = v.splitn(3, ':');
+                let (e, cfg, r) = (it.next(), it.next(), it.next());
+                let (Some(e), Some(cfg), Some(r)) = (e, cfg, r) else {
+                    return Err(format!("--child: bad value {v:?}"));
+                };
+                let equal = parse_config(cfg)?;
+                let r = r.parse().map_err(|_| format!("--child: bad round {r:?}"))?;
+                c.child = Some((e.to_string(), equal[0], r));
+            }
             "-h" | "--help" => {
                 print!("{USAGE}");
                 std::process::exit(0);
@@ -152,20 +203,26 @@ enum W {
     BulkLoad,
     IndividualWrites,
     BatchWrites,
+    RandomReads1,
     RandomReads,
+    RangeReads1,
     RangeReads,
     Removals,
     Close,
+    Total,
 }
 
-const WORKLOADS: [W; 7] = [
+const WORKLOADS: [W; 10] = [
     W::BulkLoad,
     W::IndividualWrites,
     W::BatchWrites,
+    W::RandomReads1,
     W::RandomReads,
+    W::RangeReads1,
     W::RangeReads,
     W::Removals,
     W::Close,
+    W::Total,
 ];
 
 impl W {
@@ -174,46 +231,62 @@ impl W {
             W::BulkLoad => "bulk_load",
             W::IndividualWrites => "individual_writes",
             W::BatchWrites => "batch_writes",
+            W::RandomReads1 => "random_reads_pass1",
             W::RandomReads => "random_reads",
+            W::RangeReads1 => "range_reads_pass1",
             W::RangeReads => "range_reads",
             W::Removals => "removals",
-            W::Close => "checkpoint_close",
+            W::Close => "close",
+            W::Total => "total",
         }
+    }
+    fn from_key(k: &str) -> Option<W> {
+        WORKLOADS.into_iter().find(|w| w.key() == k)
     }
     fn label(self, c: &Config) -> String {
         match self {
-            W::BulkLoad => format!("bulk load ({} inserts, 1 txn)", sep(c.n)),
+            W::BulkLoad => format!("bulk load ({} inserts, 1 txn) + checkpoint", sep(c.n)),
             W::IndividualWrites => {
                 format!(
-                    "individual writes ({} txns × 1 insert)",
+                    "individual writes ({} txns × 1 insert) + checkpoint",
                     sep(c.individual_writes)
                 )
             }
             W::BatchWrites => format!(
-                "batch writes ({} txns × {} inserts)",
+                "batch writes ({} txns × {} inserts) + checkpoint",
                 sep(c.batch_txns),
                 sep(c.batch_size)
             ),
-            W::RandomReads => format!("random reads ({} gets)", sep(c.n)),
+            W::RandomReads1 => "random reads, first pass (info)".into(),
+            W::RandomReads => format!("random reads ({} gets, second pass)", sep(c.n)),
+            W::RangeReads1 => "range reads, first pass (info)".into(),
             W::RangeReads => format!(
-                "range reads ({} scans × {} entries)",
+                "range reads ({} scans × {} entries, second pass)",
                 sep(c.range_scans()),
                 c.range_len
             ),
-            W::Removals => format!("removals ({} deletes, 1 txn)", sep(c.removals())),
-            W::Close => "final checkpoint + close (info)".into(),
+            W::Removals => format!(
+                "removals ({} deletes, 1 txn) + checkpoint",
+                sep(c.removals())
+            ),
+            W::Close => "close".into(),
+            W::Total => "**total: the 6 phases (second read passes) + close**".into(),
         }
     }
-    /// Operations counted for ops/s.
+    /// Operations counted for ops/s (0: a duration only).
     fn ops(self, c: &Config) -> u64 {
         match self {
-            W::BulkLoad | W::RandomReads => c.n,
+            W::BulkLoad | W::RandomReads | W::RandomReads1 => c.n,
             W::IndividualWrites => c.individual_writes,
             W::BatchWrites => c.batch_txns * c.batch_size,
-            W::RangeReads => c.range_scans(),
+            W::RangeReads | W::RangeReads1 => c.range_scans(),
             W::Removals => c.removals(),
-            W::Close => 1,
+            W::Close | W::Total => 0,
         }
+    }
+    /// Counted in the total (the first read passes are not).
+    fn in_total(self) -> bool {
+        !matches!(self, W::RandomReads1 | W::RangeReads1 | W::Total)
     }
 }
 
@@ -222,16 +295,79 @@ struct RunResult {
     times: BTreeMap<W, Duration>,
     size_apparent: u64,
     size_allocated: u64,
+    /// The child process's VmHWM (peak resident set, anonymous + file-backed + shared).
+    peak_rss_kib: u64,
+    /// The largest RssAnon / RssFile seen at the end of a phase (samples, not peaks).
+    anon_kib: u64,
+    file_kib: u64,
     /// Correctness problems that did not stop the run (reported, not hidden).
     warnings: Vec<String>,
+}
+
+impl RunResult {
+    fn to_json(&self) -> serde_json::Value {
+        let times: serde_json::Map<String, serde_json::Value> = self
+            .times
+            .iter()
+            .map(|(w, d)| (w.key().to_string(), d.as_secs_f64().into()))
+            .collect();
+        serde_json::json!({
+            "times_s": times,
+            "size_apparent": self.size_apparent,
+            "size_allocated": self.size_allocated,
+            "peak_rss_kib": self.peak_rss_kib,
+            "max_phase_end_rss_anon_kib": self.anon_kib,
+            "max_phase_end_rss_file_kib": self.file_kib,
+            "warnings": self.warnings,
+        })
+    }
+    fn from_json(v: &serde_json::Value) -> Option<RunResult> {
+        let mut r = RunResult::default();
+        for (k, t) in v["times_s"].as_object()? {
+            r.times
+                .insert(W::from_key(k)?, Duration::from_secs_f64(t.as_f64()?));
+        }
+        r.size_apparent = v["size_apparent"].as_u64()?;
+        r.size_allocated = v["size_allocated"].as_u64()?;
+        r.peak_rss_kib = v["peak_rss_kib"].as_u64()?;
+        r.anon_kib = v["max_phase_end_rss_anon_kib"].as_u64()?;
+        r.file_kib = v["max_phase_end_rss_file_kib"].as_u64()?;
+        r.warnings = v["warnings"]
+            .as_array()?
+            .iter()
+            .filter_map(|w| w.as_str().map(String::from))
+            .collect();
+        Some(r)
+    }
+}
+
+/// A `kB` field of /proc/self/status, in KiB.
+fn status_kib(field: &str) -> u64 {
+    read_first("/proc/self/status", field)
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
 }
 
 fn timed<T>(w: W, out: &mut RunResult, f: impl FnOnce() -> Res<T>) -> Res<T> {
     let t = Instant::now();
     let r = f()?;
     let d = t.elapsed();
-    eprint!("    {:<18} {:>10.3} ms", w.key(), d.as_secs_f64() * 1e3);
+    let (anon, file, hwm) = (
+        status_kib("RssAnon:"),
+        status_kib("RssFile:"),
+        status_kib("VmHWM:"),
+    );
+    eprint!(
+        "    {:<18} {:>10.3} ms  rss anon {} MiB file {} MiB, peak {} MiB",
+        w.key(),
+        d.as_secs_f64() * 1e3,
+        anon >> 10,
+        file >> 10,
+        hwm >> 10
+    );
     out.times.insert(w, d);
+    out.anon_kib = out.anon_kib.max(anon);
+    out.file_kib = out.file_kib.max(file);
     Ok(r)
 }
 
@@ -243,24 +379,36 @@ fn progress<E: Engine>(e: &E) {
     }
 }
 
-fn run_engine<E: Engine>(c: &Config, rep: usize) -> Res<RunResult> {
+fn run_engine<E: Engine>(c: &Config, equal: bool, rep: usize) -> Res<RunResult> {
     let dir = c.dir.join(format!(
-        "cambium-bench-{}-run{}-{}",
+        "cambium-bench-{}-run{}-{}-{}",
         std::process::id(),
         rep,
+        config_name(equal),
         E::NAME
     ));
     if dir.exists() {
         std::fs::remove_dir_all(&dir)?;
     }
     std::fs::create_dir_all(&dir)?;
-    eprintln!("  {} in {}", E::NAME, dir.display());
+    eprintln!(
+        "  {} ({}) in {}",
+        E::NAME,
+        config_name(equal),
+        dir.display()
+    );
     let result = (|| -> Res<RunResult> {
         let mut out = RunResult::default();
-        let mut e = E::create(&dir, &c.tuning)?;
+        let mut e = E::create(&dir, &c.tuning(equal))?;
         let n = c.n;
 
-        timed(W::BulkLoad, &mut out, || e.insert_txn(pairs(SEED_MAIN, n)))?;
+        // Every write phase ends with a checkpoint inside its timer, so that tree writes
+        // cambium defers from its (WAL-durable) commits are charged to the phase that
+        // caused them; the peers write their trees in each commit (a no-op for them).
+        timed(W::BulkLoad, &mut out, || {
+            e.insert_txn(pairs(SEED_MAIN, n))?;
+            e.checkpoint()
+        })?;
         progress(&e);
 
         let mut rng = Rng::new(SEED_INDIVIDUAL);
@@ -268,7 +416,7 @@ fn run_engine<E: Engine>(c: &Config, rep: usize) -> Res<RunResult> {
             for _ in 0..c.individual_writes {
                 e.insert_txn(std::iter::once(rng.pair()))?;
             }
-            Ok(())
+            e.checkpoint()
         })?;
         progress(&e);
 
@@ -277,42 +425,51 @@ fn run_engine<E: Engine>(c: &Config, rep: usize) -> Res<RunResult> {
             for _ in 0..c.batch_txns {
                 e.insert_txn((0..c.batch_size).map(|_| rng.pair()))?;
             }
-            Ok(())
+            e.checkpoint()
         })?;
         progress(&e);
 
-        let sum = timed(W::RandomReads, &mut out, || e.read_txn(pairs(SEED_MAIN, n)))?;
-        progress(&e);
-        if sum != n * workload::VALUE_SIZE as u64 {
-            return Err(format!("random reads: value bytes {sum}, expected {}", n * 150).into());
+        // Two passes of each read workload; the second is the one reported and compared.
+        for w in [W::RandomReads1, W::RandomReads] {
+            let sum = timed(w, &mut out, || e.read_txn(pairs(SEED_MAIN, n)))?;
+            progress(&e);
+            if sum != n * workload::VALUE_SIZE as u64 {
+                return Err(
+                    format!("random reads: value bytes {sum}, expected {}", n * 150).into(),
+                );
+            }
         }
 
         let scans = c.range_scans();
-        let sum = timed(W::RangeReads, &mut out, || {
-            // Start keys: existing keys in random order (the main stream cycles if
-            // more scans than keys are asked for).
-            let keys = (0..scans).map({
-                let mut rng = Rng::new(SEED_MAIN);
-                let mut i = 0u64;
-                move |_| {
-                    if i == n {
-                        rng = Rng::new(SEED_MAIN);
-                        i = 0;
+        for w in [W::RangeReads1, W::RangeReads] {
+            let sum = timed(w, &mut out, || {
+                // Start keys: existing keys in random order (the main stream cycles if
+                // more scans than keys are asked for).
+                let keys = (0..scans).map({
+                    let mut rng = Rng::new(SEED_MAIN);
+                    let mut i = 0u64;
+                    move |_| {
+                        if i == n {
+                            rng = Rng::new(SEED_MAIN);
+                            i = 0;
+                        }
+                        i += 1;
+                        rng.pair().0
                     }
-                    i += 1;
-                    rng.pair().0
-                }
-            });
-            e.range_txn(keys, c.range_len)
-        })?;
-        progress(&e);
-        if scans > 0 && sum == 0 {
-            return Err("range reads returned nothing".into());
+                });
+                e.range_txn(keys, c.range_len)
+            })?;
+            progress(&e);
+            if scans > 0 && sum == 0 {
+                return Err("range reads returned nothing".into());
+            }
         }
 
         let removals = c.removals();
         let removed = timed(W::Removals, &mut out, || {
-            e.remove_txn(pairs(SEED_MAIN, removals).map(|(k, _)| k))
+            let removed = e.remove_txn(pairs(SEED_MAIN, removals).map(|(k, _)| k))?;
+            e.checkpoint()?;
+            Ok(removed)
         })?;
         progress(&e);
         if removed != removals {
@@ -330,14 +487,24 @@ fn run_engine<E: Engine>(c: &Config, rep: usize) -> Res<RunResult> {
         }
         timed(W::Close, &mut out, || e.close())?;
         eprintln!();
+        let total = out
+            .times
+            .iter()
+            .filter(|(w, _)| w.in_total())
+            .map(|(_, d)| *d)
+            .sum();
+        out.times.insert(W::Total, total);
+        out.peak_rss_kib = status_kib("VmHWM:");
 
         let (a, b) = dir_size(&dir)?;
         out.size_apparent = a;
         out.size_allocated = b;
         eprintln!(
-            "    on-disk size       {} apparent, {} allocated",
+            "    total {:.3} s; on-disk size {} apparent, {} allocated; peak RSS {}",
+            total.as_secs_f64(),
             bytes(a),
-            bytes(b)
+            bytes(b),
+            bytes(out.peak_rss_kib << 10)
         );
         Ok(out)
     })();
@@ -386,14 +553,16 @@ fn dir_size(dir: &Path) -> std::io::Result<(u64, u64)> {
     Ok((a, b))
 }
 
-fn run_named(name: &str, c: &Config, rep: usize) -> Res<RunResult> {
+/// Runs one engine in this process (the child's job).
+fn run_named(name: &str, c: &Config, equal: bool, rep: usize) -> Res<RunResult> {
     let r = catch_unwind(AssertUnwindSafe(|| match name {
         #[cfg(feature = "engine-cambium")]
-        "cambium" => run_engine::<engines::Cambium>(c, rep),
+        "cambium" => run_engine::<engines::Cambium>(c, equal, rep),
         #[cfg(not(feature = "engine-cambium"))]
         "cambium" => Err("built without the engine-cambium feature".into()),
-        "redb" => run_engine::<engines::Redb>(c, rep),
-        "lmdb" => run_engine::<engines::Lmdb>(c, rep),
+        "redb" => run_engine::<engines::Redb>(c, equal, rep),
+        "lmdb" => run_engine::<engines::Lmdb>(c, equal, rep),
+        "sanakirja" => run_engine::<engines::Sanakirja>(c, equal, rep),
         other => Err(format!("unknown engine {other}").into()),
     }));
     match r {
@@ -405,6 +574,41 @@ fn run_named(name: &str, c: &Config, rep: usize) -> Res<RunResult> {
                 .or_else(|| p.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "panic".into());
             Err(format!("panicked: {msg}").into())
+        }
+    }
+}
+
+/// Runs one engine in a child process of this binary (same flags plus `--child`), so
+/// that its peak RSS is its own and no engine inherits another's heap or mappings.
+fn run_child(name: &str, equal: bool, rep: usize) -> Res<RunResult> {
+    let exe = std::env::current_exe()?;
+    let out = std::process::Command::new(exe)
+        .args(std::env::args().skip(1))
+        .arg(CHILD_FLAG)
+        .arg(format!("{name}:{}:{rep}", config_name(equal)))
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().find_map(|l| l.strip_prefix(CHILD_RESULT));
+    match line {
+        Some(l) if out.status.success() => {
+            let v: serde_json::Value = serde_json::from_str(l)?;
+            RunResult::from_json(&v).ok_or_else(|| "child: malformed result".into())
+        }
+        _ => Err(format!("child process {}", out.status).into()),
+    }
+}
+
+fn child_main(c: &Config, name: &str, equal: bool, rep: usize) -> ! {
+    match run_named(name, c, equal, rep) {
+        Ok(r) => {
+            println!("{CHILD_RESULT}{}", r.to_json());
+            std::process::exit(0);
+        }
+        Err(e) => {
+            eprintln!("  {name} ({}) FAILED: {e}", config_name(equal));
+            std::process::exit(1);
         }
     }
 }
@@ -541,6 +745,9 @@ fn machine(c: &Config) -> BTreeMap<&'static str, String> {
     m
 }
 
+/// Results of one configuration: engine -> one result per round.
+type Results = BTreeMap<String, Vec<RunResult>>;
+
 struct Summary {
     /// engine -> workload -> median seconds
     med: BTreeMap<String, BTreeMap<W, f64>>,
@@ -548,12 +755,17 @@ struct Summary {
     best: BTreeMap<String, BTreeMap<W, f64>>,
     /// engine -> (median apparent, median allocated)
     size: BTreeMap<String, (f64, f64)>,
+    /// engine -> (median peak RSS, median max RssAnon, median max RssFile), bytes
+    rss: BTreeMap<String, (f64, f64, f64)>,
 }
 
-fn summarize(c: &Config, results: &BTreeMap<String, Vec<RunResult>>) -> Summary {
-    let mut med = BTreeMap::new();
-    let mut best = BTreeMap::new();
-    let mut size = BTreeMap::new();
+fn summarize(results: &Results) -> Summary {
+    let mut s = Summary {
+        med: BTreeMap::new(),
+        best: BTreeMap::new(),
+        size: BTreeMap::new(),
+        rss: BTreeMap::new(),
+    };
     for (e, runs) in results {
         if runs.is_empty() {
             continue;
@@ -565,37 +777,27 @@ fn summarize(c: &Config, results: &BTreeMap<String, Vec<RunResult>>) -> Summary 
             m.insert(w, median(&mut v));
             b.insert(w, v[0]); // sorted by median()
         }
-        med.insert(e.clone(), m);
-        best.insert(e.clone(), b);
-        let mut a: Vec<f64> = runs.iter().map(|r| r.size_apparent as f64).collect();
-        let mut b: Vec<f64> = runs.iter().map(|r| r.size_allocated as f64).collect();
-        size.insert(e.clone(), (median(&mut a), median(&mut b)));
+        s.med.insert(e.clone(), m);
+        s.best.insert(e.clone(), b);
+        let med_of = |f: &dyn Fn(&RunResult) -> u64| {
+            let mut v: Vec<f64> = runs.iter().map(|r| f(r) as f64).collect();
+            median(&mut v)
+        };
+        let size = (med_of(&|r| r.size_apparent), med_of(&|r| r.size_allocated));
+        let rss = (
+            med_of(&|r| r.peak_rss_kib << 10),
+            med_of(&|r| r.anon_kib << 10),
+            med_of(&|r| r.file_kib << 10),
+        );
+        s.size.insert(e.clone(), size);
+        s.rss.insert(e.clone(), rss);
     }
-    let _ = c;
-    Summary { med, best, size }
+    s
 }
 
-fn report(
-    c: &Config,
-    mach: &BTreeMap<&'static str, String>,
-    results: &BTreeMap<String, Vec<RunResult>>,
-    failures: &BTreeMap<String, String>,
-) -> String {
+fn machine_header(c: &Config, mach: &BTreeMap<&'static str, String>) -> String {
     use std::fmt::Write;
-    let s = summarize(c, results);
-    let engines: Vec<&String> = c
-        .engines
-        .iter()
-        .filter(|e| s.med.contains_key(*e))
-        .collect();
-    let peers: Vec<&String> = engines
-        .iter()
-        .copied()
-        .filter(|e| *e != "cambium")
-        .collect();
-    let has_cambium = s.med.contains_key("cambium");
     let mut o = String::new();
-
     let _ = writeln!(o, "### Machine\n");
     let _ = writeln!(
         o,
@@ -619,21 +821,62 @@ fn report(
         "- load average at start: {}; median 4 KiB write + fdatasync: {} before, {} after the runs",
         mach["loadavg_at_start"], mach["fsync_median_before"], mach["fsync_median_after"]
     );
-    if let Some(b) = c.tuning.cambium_cache_bytes {
+    if let Some(b) = c.cambium_cache_bytes {
         let _ = writeln!(
             o,
-            "- **non-default**: cambium cache_bytes = {} MiB",
+            "- **non-default**: cambium cache_bytes = {} MiB in every configuration",
             b >> 20
         );
     }
     let _ = writeln!(
         o,
-        "- {} run(s), engines interleaved per run; {} keys of 24 B with 150 B values; medians shown\n",
+        "- {} round(s), each engine in its own child process, the order rotated per round; \
+         {} keys of 24 B with 150 B values; medians shown",
         c.runs,
         sep(c.n)
     );
+    o
+}
 
-    let _ = writeln!(o, "### Results (median of {} run(s))\n", c.runs);
+fn config_text(equal: bool) -> &'static str {
+    if equal {
+        "equal budget: cambium's node cache 4 GiB, redb's cache 4 GiB, LMDB's map 4 GiB, \
+         Sanakirja's initial map 4 GiB"
+    } else {
+        "each engine's defaults: cambium `Options::default()` (256 MiB node cache), redb \
+         `Builder::new()` (1 GiB cache); LMDB and Sanakirja have no cache of their own and \
+         keep their 4 GiB map (LMDB's default 10 MiB map cannot hold the data)"
+    }
+}
+
+fn report(
+    c: &Config,
+    equal: bool,
+    results: &Results,
+    failures: &BTreeMap<String, String>,
+) -> String {
+    use std::fmt::Write;
+    let s = summarize(results);
+    let engines: Vec<&String> = c
+        .engines
+        .iter()
+        .filter(|e| s.med.contains_key(*e))
+        .collect();
+    let peers: Vec<&String> = engines
+        .iter()
+        .copied()
+        .filter(|e| *e != "cambium")
+        .collect();
+    let has_cambium = s.med.contains_key("cambium");
+    let mut o = String::new();
+
+    let _ = writeln!(
+        o,
+        "### Configuration `{}` (median of {} round(s))\n\n{}.\n",
+        config_name(equal),
+        c.runs,
+        config_text(equal)
+    );
     let mut hdr = String::from("| workload |");
     let mut line = String::from("|---|");
     for e in &engines {
@@ -651,7 +894,7 @@ fn report(
         let mut row = format!("| {} |", w.label(c));
         for e in &engines {
             let t = s.med[*e][&w];
-            if w == W::Close {
+            if w.ops(c) == 0 {
                 let _ = write!(row, " {} |", dur(t));
             } else {
                 let _ = write!(row, " {} ({}) |", dur(t), rate(w.ops(c) as f64 / t));
@@ -665,25 +908,22 @@ fn report(
         }
         let _ = writeln!(o, "{row}");
     }
-    for (label, pick) in [
-        ("on-disk size, file lengths", 0usize),
-        ("on-disk size, allocated blocks", 1),
-    ] {
+    type Get<'a> = &'a dyn Fn(&Summary, &str) -> f64;
+    let rows: [(&str, Get); 5] = [
+        ("peak RSS (child's VmHWM)", &|s, e| s.rss[e].0),
+        ("largest RssAnon at a phase end", &|s, e| s.rss[e].1),
+        ("largest RssFile at a phase end", &|s, e| s.rss[e].2),
+        ("on-disk size, file lengths", &|s, e| s.size[e].0),
+        ("on-disk size, allocated blocks", &|s, e| s.size[e].1),
+    ];
+    for (label, get) in rows {
         let mut row = format!("| {label} |");
-        let get = |e: &str| {
-            let (a, b) = s.size[e];
-            if pick == 0 {
-                a
-            } else {
-                b
-            }
-        };
         for e in &engines {
-            let _ = write!(row, " {} |", bytes(get(e) as u64));
+            let _ = write!(row, " {} |", bytes(get(&s, e) as u64));
         }
         if has_cambium {
             for p in &peers {
-                let _ = write!(row, " {:.2}× |", get(p) / get("cambium"));
+                let _ = write!(row, " {:.2}× |", get(&s, p) / get(&s, "cambium"));
             }
         }
         let _ = writeln!(o, "{row}");
@@ -691,14 +931,17 @@ fn report(
     let _ = writeln!(
         o,
         "\nRatios are peer time / cambium time (= cambium throughput / peer throughput), and for \
-         sizes peer bytes / cambium bytes: **> 1.0 means cambium is faster (or smaller)**. \
-         Range-read ops are scans. The last timed row is informational: cambium's commits are \
-         durable in its WAL, and the tree is written at checkpoints; redb and LMDB write the \
-         tree in every commit, so their close does no work."
+         memory and sizes peer bytes / cambium bytes: **> 1.0 means cambium is faster (or \
+         smaller)**. Range-read ops are scans. Write phases end with cambium's `checkpoint()` \
+         inside the timer (the peers write their trees in every commit). The total is the \
+         median over rounds of each round's sum of the six phases (second read passes) and \
+         close. RSS is per child process (one engine); RssFile counts mapped file pages \
+         (LMDB's and Sanakirja's reads), which the pread-based engines keep in the OS page \
+         cache outside their RSS."
     );
 
     if has_cambium {
-        let _ = writeln!(o, "\n### Targets\n");
+        let _ = writeln!(o, "\n#### Targets ({})\n", config_name(equal));
         let _ = writeln!(
             o,
             "Judged on the medians; the best-of-{} ratio (fastest run of each engine) is \
@@ -733,12 +976,12 @@ fn report(
             1.0,
         );
         target(
-            "batch writes vs redb".into(),
+            "batch writes (+ checkpoint) vs redb".into(),
             ratio("redb", W::BatchWrites),
             1.5,
         );
         target(
-            "individual durable writes vs redb".into(),
+            "individual durable writes (+ checkpoint) vs redb".into(),
             ratio("redb", W::IndividualWrites),
             1.0,
         );
@@ -761,7 +1004,11 @@ fn report(
         );
     }
 
-    let _ = writeln!(o, "\n<details><summary>Every run (seconds)</summary>\n");
+    let _ = writeln!(
+        o,
+        "\n<details><summary>Every run, {} (seconds; round order)</summary>\n",
+        config_name(equal)
+    );
     let _ = writeln!(o, "| engine | workload | runs |");
     let _ = writeln!(o, "|---|---|---|");
     for e in &engines {
@@ -772,6 +1019,11 @@ fn report(
                 .collect();
             let _ = writeln!(o, "| {e} | {} | {} |", w.key(), v.join(", "));
         }
+        let v: Vec<String> = results[*e]
+            .iter()
+            .map(|r| format!("{:.0}", r.peak_rss_kib as f64 / 1024.0))
+            .collect();
+        let _ = writeln!(o, "| {e} | peak RSS (MiB) | {} |", v.join(", "));
     }
     let _ = writeln!(o, "\n</details>");
 
@@ -780,7 +1032,7 @@ fn report(
         for (i, r) in results[*e].iter().enumerate() {
             for w in &r.warnings {
                 if !warned {
-                    let _ = writeln!(o, "\n### Correctness warnings\n");
+                    let _ = writeln!(o, "\n#### Correctness warnings ({})\n", config_name(equal));
                     warned = true;
                 }
                 let _ = writeln!(o, "- **{e}**, run {}: {w}", i + 1);
@@ -789,7 +1041,7 @@ fn report(
     }
 
     if !failures.is_empty() {
-        let _ = writeln!(o, "\n### Failures\n");
+        let _ = writeln!(o, "\n#### Failures ({})\n", config_name(equal));
         for (e, msg) in failures {
             let _ = writeln!(o, "- **{e}**: {msg}");
         }
@@ -799,12 +1051,11 @@ fn report(
 
 fn to_json(
     c: &Config,
-    mach: &BTreeMap<&'static str, String>,
-    results: &BTreeMap<String, Vec<RunResult>>,
+    results: &Results,
     failures: &BTreeMap<String, String>,
 ) -> serde_json::Value {
     use serde_json::{json, Map, Value};
-    let s = summarize(c, results);
+    let s = summarize(results);
     let mut engines = Map::new();
     for (e, runs) in results {
         if runs.is_empty() {
@@ -818,8 +1069,10 @@ fn to_json(
                 "ops": w.ops(c),
                 "times_s": times,
                 "median_s": m,
-                "ops_per_s": w.ops(c) as f64 / m,
             });
+            if w.ops(c) > 0 {
+                o["ops_per_s"] = json!(w.ops(c) as f64 / m);
+            }
             if e != "cambium" {
                 if let Some(cm) = s.med.get("cambium") {
                     o["cambium_speedup"] = json!(m / cm[&w]);
@@ -838,24 +1091,20 @@ fn to_json(
             }),
         );
         ws.insert(
+            "memory".into(),
+            json!({
+                "peak_rss_kib": runs.iter().map(|r| r.peak_rss_kib).collect::<Vec<_>>(),
+                "max_phase_end_rss_anon_kib": runs.iter().map(|r| r.anon_kib).collect::<Vec<_>>(),
+                "max_phase_end_rss_file_kib": runs.iter().map(|r| r.file_kib).collect::<Vec<_>>(),
+            }),
+        );
+        ws.insert(
             "warnings".into(),
             json!(runs.iter().map(|r| r.warnings.clone()).collect::<Vec<_>>()),
         );
         engines.insert(e.clone(), Value::Object(ws));
     }
-    json!({
-        "machine": mach,
-        "config": {
-            "runs": c.runs, "n": c.n, "key_size": workload::KEY_SIZE,
-            "value_size": workload::VALUE_SIZE, "individual_writes": c.individual_writes,
-            "batch_txns": c.batch_txns, "batch_size": c.batch_size,
-            "range_scans": c.range_scans(), "range_len": c.range_len,
-            "removals": c.removals(), "engines": c.engines, "dir": c.dir,
-            "cambium_cache_bytes": c.tuning.cambium_cache_bytes,
-        },
-        "engines": engines,
-        "failures": failures,
-    })
+    json!({ "engines": engines, "failures": failures })
 }
 
 fn main() {
@@ -866,6 +1115,9 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if let Some((name, equal, rep)) = &c.child {
+        child_main(&c, name, *equal, *rep);
+    }
     if let Err(e) = std::fs::create_dir_all(&c.dir) {
         eprintln!("error: cannot create {}: {e}", c.dir.display());
         std::process::exit(2);
@@ -878,36 +1130,61 @@ fn main() {
         m.insert(k, v);
     };
     probe(&mut mach, "fsync_median_before");
-    let mut results: BTreeMap<String, Vec<RunResult>> = BTreeMap::new();
-    let mut failures: BTreeMap<String, String> = BTreeMap::new();
+    // configuration -> (results, failures)
+    let mut all: BTreeMap<bool, (Results, BTreeMap<String, String>)> = BTreeMap::new();
+    let ne = c.engines.len();
     for rep in 0..c.runs {
-        eprintln!("run {}/{}", rep + 1, c.runs);
-        for e in &c.engines {
-            if failures.contains_key(e) {
-                continue;
-            }
-            match run_named(e, &c, rep) {
-                Ok(r) => results.entry(e.clone()).or_default().push(r),
-                Err(err) => {
-                    eprintln!("  {e} FAILED: {err}");
-                    failures.insert(e.clone(), format!("run {}: {err}", rep + 1));
-                    results.remove(e);
+        eprintln!("round {}/{}", rep + 1, c.runs);
+        for &equal in &c.configs {
+            let (results, failures) = all.entry(equal).or_default();
+            // Round r starts with engine r mod n.
+            for i in 0..ne {
+                let e = &c.engines[(rep + i) % ne];
+                if failures.contains_key(e) {
+                    continue;
+                }
+                match run_child(e, equal, rep) {
+                    Ok(r) => results.entry(e.clone()).or_default().push(r),
+                    Err(err) => {
+                        eprintln!("  {e} ({}) FAILED: {err}", config_name(equal));
+                        failures.insert(e.clone(), format!("round {}: {err}", rep + 1));
+                        results.remove(e);
+                    }
                 }
             }
         }
     }
     probe(&mut mach, "fsync_median_after");
-    let md = report(&c, &mach, &results, &failures);
+    let mut md = machine_header(&c, &mach);
+    let mut json = serde_json::Map::new();
+    let mut failed = false;
+    for (&equal, (results, failures)) in &all {
+        md.push('\n');
+        md.push_str(&report(&c, equal, results, failures));
+        json.insert(config_name(equal).into(), to_json(&c, results, failures));
+        failed |= !failures.is_empty();
+    }
     println!("{md}");
     if let Some(path) = &c.json {
-        let j = to_json(&c, &mach, &results, &failures);
+        let j = serde_json::json!({
+            "machine": mach,
+            "config": {
+                "runs": c.runs, "n": c.n, "key_size": workload::KEY_SIZE,
+                "value_size": workload::VALUE_SIZE, "individual_writes": c.individual_writes,
+                "batch_txns": c.batch_txns, "batch_size": c.batch_size,
+                "range_scans": c.range_scans(), "range_len": c.range_len,
+                "removals": c.removals(), "engines": c.engines, "dir": c.dir,
+                "cambium_cache_bytes_override": c.cambium_cache_bytes,
+            },
+            "configs": json,
+        });
         let text = serde_json::to_string_pretty(&j).expect("json");
         if let Err(e) = std::fs::write(path, text + "\n") {
             eprintln!("error: cannot write {}: {e}", path.display());
             std::process::exit(1);
         }
     }
-    if !failures.is_empty() {
+    if failed {
         std::process::exit(1);
     }
 }

@@ -67,10 +67,18 @@ pub fn pairs(seed: u64, count: u64) -> impl Iterator<Item = (Key, Value)> {
     (0..count).map(move |_| rng.pair())
 }
 
-/// Engine settings that differ from the defaults (diagnosis knobs; none by default).
+/// The memory budget every engine is given of the benchmark's two configurations.
+pub const EQUAL_BUDGET: usize = 4 << 30;
+
+/// Engine settings of one run.
 #[derive(Clone, Debug, Default)]
 pub struct Tuning {
-    /// cambium's `Options::cache_bytes`; `None` keeps cambium's default.
+    /// The "equal" configuration: every engine's cache or map is [`EQUAL_BUDGET`]. Otherwise
+    /// each engine keeps its default options (LMDB and Sanakirja still get a map of
+    /// [`EQUAL_BUDGET`]: a map size is a size limit, not a cache, and LMDB's default 10 MiB
+    /// cannot hold the data).
+    pub equal: bool,
+    /// Overrides cambium's `Options::cache_bytes` in either configuration (a diagnosis knob).
     pub cambium_cache_bytes: Option<usize>,
 }
 
@@ -94,6 +102,12 @@ pub trait Engine: Sized {
     /// For each key, a range scan starting at it reading up to `len` entries, in one
     /// read transaction. Returns the sum of key+value lengths read.
     fn range_txn(&mut self, keys: impl Iterator<Item = Key>, len: usize) -> Res<u64>;
+
+    /// Write out whatever the engine deferred from earlier commits (cambium: `checkpoint()`,
+    /// which writes the B+tree; the peers write their trees in every commit: nothing to do).
+    fn checkpoint(&mut self) -> Res<()> {
+        Ok(())
+    }
 
     /// Make everything durable and compact-free-state on disk, then close (cambium:
     /// checkpoint + close; redb: drop; LMDB: close the environment).
