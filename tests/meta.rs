@@ -339,16 +339,22 @@ fn blockref(b: &[u8]) -> (String, u64, u32) {
     )
 }
 
-#[test]
-fn damaged_chain_blob_is_reported() {
-    let vfs = SimVfs::new();
-    let store = create_sim(&vfs);
+/// A store on `vfs` holding `key-000` to `key-199` (40-byte values), committed.
+fn store_of_200_keys(vfs: &SimVfs) -> Store {
+    let store = create_sim(vfs);
     let mut txn = store.begin_write().unwrap();
     for i in 0..200 {
         txn.put(format!("key-{i:03}").as_bytes(), &value(1, 40))
             .unwrap();
     }
     txn.commit().unwrap();
+    store
+}
+
+#[test]
+fn damaged_chain_blob_is_reported() {
+    let vfs = SimVfs::new();
+    let store = store_of_200_keys(&vfs);
     // A catalog big enough that one small change is a delta, not a new base (the
     // delta also carries the back-reference manifest).
     for i in 0..20 {
@@ -383,13 +389,7 @@ fn damaged_chain_blob_is_reported() {
 #[test]
 fn runs_are_segment_blobs_and_a_damaged_one_is_corruption() {
     let vfs = SimVfs::new();
-    let store = create_sim(&vfs);
-    let mut txn = store.begin_write().unwrap();
-    for i in 0..200 {
-        txn.put(format!("key-{i:03}").as_bytes(), &value(1, 40))
-            .unwrap();
-    }
-    txn.commit().unwrap();
+    let store = store_of_200_keys(&vfs);
     store.checkpoint().unwrap();
     store.put(b"key-000", b"small change").unwrap();
     store.checkpoint().unwrap();
