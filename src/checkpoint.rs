@@ -72,55 +72,34 @@ struct Frozen {
 /// writer lock (a large transaction committing by checkpoint); otherwise the lock is
 /// taken just for the freeze.
 pub(crate) fn run(shared: &Shared, held: Option<&mut WriterState>) -> Result<()> {
-    let result = match held {
-        Some(w) => {
-            let mut durable = lock(&shared.durable);
-            let written = freeze(shared, w, &mut durable)
-                .and_then(|frozen| write(shared, &mut durable, frozen));
-            if let Ok(epoch) = written {
-                w.refs.merge_written(epoch);
-            }
-            written
-        }
+    let epoch = match held {
+        Some(w) => run_holding(shared, w)?,
         None => {
             let mut w = shared.lock_writer();
             let mut durable = lock(&shared.durable);
             let frozen = freeze(shared, &mut w, &mut durable);
             drop(w);
-            frozen.and_then(|frozen| write(shared, &mut durable, frozen))
+            frozen
+                .and_then(|frozen| write(shared, &mut durable, frozen))
+                .inspect_err(|e| shared.poison(e))?
         }
     };
-    match result {
-        Ok(epoch) => {
-            after_durable(shared, epoch);
-            Ok(())
-        }
-        Err(e) => {
-            shared.poison(&e);
-            Err(e)
-        }
-    }
+    after_durable(shared, epoch);
+    Ok(())
 }
 
 /// Runs a checkpoint while the caller holds the writer lock, as [`run`] does, but
 /// leaves what follows a durable checkpoint (deleting the segments it made
 /// unreachable, unpinning written roots) to the caller, to do after it lets the lock
 /// go: deleting a large file can take longer than the checkpoint itself, and commits
-/// are waiting meanwhile.
-pub(crate) fn run_holding(shared: &Shared, w: &mut WriterState) -> Result<()> {
+/// are waiting meanwhile. Returns the epoch it wrote.
+pub(crate) fn run_holding(shared: &Shared, w: &mut WriterState) -> Result<u64> {
     let mut durable = lock(&shared.durable);
-    let written =
-        freeze(shared, w, &mut durable).and_then(|frozen| write(shared, &mut durable, frozen));
-    match written {
-        Ok(epoch) => {
-            w.refs.merge_written(epoch);
-            Ok(())
-        }
-        Err(e) => {
-            shared.poison(&e);
-            Err(e)
-        }
-    }
+    let epoch = freeze(shared, w, &mut durable)
+        .and_then(|frozen| write(shared, &mut durable, frozen))
+        .inspect_err(|e| shared.poison(e))?;
+    w.refs.merge_written(epoch);
+    Ok(epoch)
 }
 
 /// Whether a checkpoint now would have nothing to write: no commit, free, drop or

@@ -592,7 +592,7 @@ fn read_ahead(shared: &Shared, ranges: &[Range<Addr>]) -> Result<AddrMap<Addr, B
     blocks.dedup_by_key(|b| b.0);
     let loader = shared.loader();
     for &(addr, len) in &parents {
-        if shared.cache.get(addr).is_none() {
+        if !shared.cache.contains(addr) {
             if let Ok(bytes) = shared.segments.read_span(addr, len, "node") {
                 loader.cache_read_ahead(addr, &bytes);
             }

@@ -78,23 +78,25 @@ impl WriteStore {
     /// Records that the nodes just written point at their children: `edges` holds
     /// `(child, parent)` pairs, in any order. The same as an `add` of each, at a
     /// fraction of the cost.
-    pub(crate) fn add_written(&mut self, mut edges: Vec<(BlockRef, Addr)>) {
+    pub(crate) fn add_written(&mut self, edges: Vec<(BlockRef, Addr)>) {
         let started = Instant::now();
-        let mut fresh: Vec<(Addr, Addr, u32)> = edges
-            .drain(..)
-            .map(|(child, parent)| (child.addr, parent, child.len))
-            .collect();
-        if self.written.is_empty() {
-            self.written = fresh;
-        } else {
-            self.written.append(&mut fresh);
-        }
+        self.extend_written(
+            edges
+                .into_iter()
+                .map(|(child, parent)| (child.addr, parent, child.len)),
+        );
+        self.time_spent += started.elapsed();
+    }
+
+    /// Adds bulk edges after everything recorded so far, keeping `written` sorted and
+    /// unique.
+    fn extend_written(&mut self, edges: impl IntoIterator<Item = (Addr, Addr, u32)>) {
+        self.written.extend(edges);
         // Stable, so of two adds of one edge the first stays (as `add` keeps it).
         self.written
             .sort_by_key(|&(child, parent, _)| (child, parent));
         self.written
             .dedup_by_key(|&mut (child, parent, _)| (child, parent));
-        self.time_spent += started.elapsed();
     }
 
     /// Records that `parent` was freed, ending its edge to `child`. If the edge was
@@ -153,8 +155,8 @@ impl WriteStore {
     }
 
     fn merge_untimed(&mut self, later: WriteStore) {
-        // `later`'s bulk edges come after its map records; applying them as `add`s
-        // here, after this store's records, keeps that order.
+        // `later`'s map records apply after this store's, then its bulk edges after
+        // both.
         let later_written = later.written;
         for ((child, parent), pending) in later.entries {
             match pending {
@@ -172,16 +174,8 @@ impl WriteStore {
                 }
             }
         }
-        for (child, parent, len) in later_written {
-            self.add_untimed(
-                BlockRef {
-                    addr: child,
-                    len,
-                    crc: 0,
-                },
-                parent,
-            );
-        }
+        // In bulk, not one `add` each: `written` already means "added after the map".
+        self.extend_written(later_written);
     }
 
     pub(crate) fn is_empty(&self) -> bool {

@@ -79,6 +79,16 @@ impl PageCache {
         }
     }
 
+    /// Whether `addr` is cached, without counting a hit or a miss or crediting the
+    /// node (a look, not a use).
+    pub(crate) fn contains(&self, addr: Addr) -> bool {
+        self.shard(addr)
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .index
+            .contains_key(&addr)
+    }
+
     pub(crate) fn insert(&self, addr: Addr, node: Arc<Node>) {
         debug_assert!(!node.is_dirty(), "only clean nodes are cached");
         let mut shard = self

@@ -107,7 +107,7 @@ fn max_line_len(enc: Encoding) -> usize {
 }
 
 /// Input characters per key or value byte.
-fn digits_per_byte(enc: Encoding) -> usize {
+pub(super) fn digits_per_byte(enc: Encoding) -> usize {
     match enc {
         Encoding::Hex => 2,
         Encoding::Text => 1,

@@ -1,7 +1,7 @@
 //! The data commands on single keys and key ranges: `put`, `get`, `del` and `scan`.
 
 use super::args::ScanArgs;
-use super::batch::read_bounded_line;
+use super::batch::{digits_per_byte, read_bounded_line};
 use super::codec::Encoding;
 use super::error::{output_error, CliError, CliResult};
 use super::open::{check_at, check_name, open_read_only, read_view, write_one, Target};
@@ -51,11 +51,7 @@ pub fn get_stdin(
     let store = open_read_only(dir)?;
     let read = read_view(&store, at)?;
     // A key of the longest length, in the input's encoding, and a CR.
-    let digits = match ctx.enc {
-        Encoding::Hex => 2,
-        Encoding::Text => 1,
-    };
-    let max = digits * cambium::MAX_KEY_LEN + 1;
+    let max = digits_per_byte(ctx.enc) * cambium::MAX_KEY_LEN + 1;
     let longest = format!("{max} bytes: a {}-byte key", cambium::MAX_KEY_LEN);
     let (mut buf, mut line_no, mut looked_up, mut missing) = (Vec::new(), 0u64, 0u64, 0u64);
     while let Some(line) = read_bounded_line(input, &mut buf, line_no + 1, &|_| max, &longest)? {
