@@ -28,7 +28,7 @@
 //! superblock is used and replays from the new generation.
 
 use crate::backref::WriteStore;
-use crate::btree::node::{Body, Child, Node};
+use crate::btree::node::{Child, Node};
 use crate::btree::walk::{walk, At, Visitor};
 use crate::btree::{end_backrefs, node_children};
 use crate::catalog::Catalog;
@@ -488,13 +488,12 @@ fn flush_chunk(
         };
         node.disk.set(r).expect("a dirty node is written once");
         written.alloc(r);
-        // Cache the clean node: leaves as they are (no children to pin), branches as
-        // a copy that names its children by address.
-        let cached = match node.body {
-            Body::Leaf(_) => node.clone(),
-            Body::Branch(_) => Arc::new(node.clean_copy(r)),
-        };
-        shared.cache.insert(r.addr, cached);
+        // Cache the clean node in its packed form, the bytes just written (it names
+        // its children by address and holds one allocation, not one per entry).
+        match Node::decode(bytes.to_vec(), r) {
+            Ok(packed) => shared.cache.insert(r.addr, Arc::new(packed)),
+            Err(e) => debug_assert!(false, "a node we encoded does not parse: {e}"),
+        }
     }
     Ok(())
 }

@@ -909,6 +909,7 @@ impl Mover<'_> {
                     }
                 }
             }
+            Body::Packed(_) => unreachable!("dirty_copy unpacks"),
         }
         let copy = Arc::new(copy);
         // The copy takes over every parent of the original: the count moves.
@@ -949,12 +950,9 @@ impl Visitor for Mover<'_> {
     fn visit(&mut self, at: &At<'_>, node: &Arc<Node>) -> Result<bool> {
         let r = at.child.disk_ref().ok_or_else(unsettled)?;
         let mut moved = (self.pick)(r);
-        if let Body::Leaf(entries) = &node.body {
-            moved |= entries.iter().any(|e| match e.value {
-                Value::Extent(x) => (self.pick)(x) || self.extents.contains_key(&x.addr),
-                Value::Inline(_) => false,
-            });
-        }
+        moved |= node
+            .extents()
+            .any(|(_, x)| (self.pick)(x) || self.extents.contains_key(&x.addr));
         self.stack.push(moved);
         Ok(true)
     }

@@ -5,7 +5,7 @@
 //! The answer comes from the back references (`crate::backref`), which `verify`
 //! checks against a full walk.
 
-use crate::btree::node::{Body, Node, Value};
+use crate::btree::node::Node;
 use crate::btree::walk::{walk, At, Visitor};
 use crate::engine::Shared;
 use crate::error::Result;
@@ -212,13 +212,9 @@ impl Visitor for Finder<'_> {
             let key = at.lo.or(node.first_key()).unwrap_or_default().to_vec();
             self.note(r, kind, &key);
         }
-        if let Body::Leaf(entries) = &node.body {
-            for e in entries {
-                if let Value::Extent(x) = e.value {
-                    if (self.in_segment)(x.addr) {
-                        self.note(x, BlockKind::Value, &e.key);
-                    }
-                }
+        for (key, x) in node.extents() {
+            if (self.in_segment)(x.addr) {
+                self.note(x, BlockKind::Value, key);
             }
         }
         Ok(true)

@@ -1,7 +1,7 @@
 //! `Store::stats`: sizes, node counts, depth, segments, live and dead bytes, cache
 //! hit rate and WAL size, as one plain struct (serialisable for `--json`).
 
-use crate::btree::node::{Body, Node, Value};
+use crate::btree::node::Node;
 use crate::btree::walk::{walk, At, Visitor};
 use crate::catalog::MAIN_BRANCH;
 use crate::engine::Shared;
@@ -174,18 +174,15 @@ impl Visitor for TreeStats<'_> {
             s.dirty_nodes += 1;
         }
         s.depth = s.depth.max(u32::from(node.level) + 1);
-        match &node.body {
-            Body::Leaf(entries) => {
-                s.leaf_nodes += 1;
-                s.keys += entries.len() as u64;
-                for e in entries {
-                    if let Value::Extent(x) = e.value {
-                        s.extents += 1;
-                        s.extent_bytes += u64::from(x.len);
-                    }
-                }
+        if node.is_leaf() {
+            s.leaf_nodes += 1;
+            s.keys += node.len() as u64;
+            for (_, x) in node.extents() {
+                s.extents += 1;
+                s.extent_bytes += u64::from(x.len);
             }
-            Body::Branch(_) => s.branch_nodes += 1,
+        } else {
+            s.branch_nodes += 1;
         }
         Ok(true)
     }

@@ -19,7 +19,7 @@
 //! fails the whole transaction: `commit` then refuses and nothing of it is applied.
 
 use crate::btree::cursor::{Cursor, Seek};
-use crate::btree::node::{Child, Key};
+use crate::btree::node::{Child, ValueRef};
 use crate::btree::{self, Loader};
 use crate::catalog::{VersionId, VersionKind};
 use crate::checkpoint;
@@ -155,6 +155,12 @@ impl<'s> WriteTxn<'s> {
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let loader = self.shared.loader();
         btree::get_with(loader, self.root.as_ref(), key, |v| loader.value(v))
+    }
+
+    /// Runs `f` on the value of `key` as this transaction sees it, borrowed (see
+    /// [`ReadTxn::get_with`]).
+    pub fn get_with<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
+        get_borrowed(self.shared.loader(), self.root.as_ref(), key, f)
     }
 
     /// Applies `op` to the working root. Returns whether a value was replaced or
@@ -293,6 +299,19 @@ fn set_root(w: &mut WriterState, id: VersionId, root: Option<Child>) {
     }
 }
 
+/// A point lookup that lends the value to `f`.
+fn get_borrowed<R>(
+    loader: Loader<'_>,
+    root: Option<&Child>,
+    key: &[u8],
+    f: impl FnOnce(&[u8]) -> R,
+) -> Result<Option<R>> {
+    btree::get_with(loader, root, key, |v| match v {
+        ValueRef::Inline(bytes) => Ok(f(bytes)),
+        ValueRef::Extent(r) => Ok(f(&loader.extent(r)?)),
+    })
+}
+
 /// A consistent, immutable view of one version's committed state. Cheap to clone;
 /// never blocks writers and is never blocked by them.
 #[derive(Clone)]
@@ -329,6 +348,26 @@ impl ReadTxn {
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let loader = self.loader();
         btree::get_with(loader, self.root.as_ref(), key, |v| loader.value(v))
+    }
+
+    /// Runs `f` on the value of `key`, if present, borrowed: an inline value straight
+    /// from the cached node, with nothing allocated or copied (an out-of-line value is
+    /// read first). The borrowing form of [`ReadTxn::get`].
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = cambium::Store::create(dir.path())?;
+    /// store.put(b"k", b"value")?;
+    /// let len = store.read()?.get_with(b"k", |v| v.len())?;
+    /// assert_eq!(len, Some(5));
+    /// # Ok::<(), cambium::Error>(())
+    /// ```
+    pub fn get_with<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
+        let loader = self.loader();
+        btree::get_with(loader, self.root.as_ref(), key, |v| match v {
+            ValueRef::Inline(bytes) => Ok(f(bytes)),
+            ValueRef::Extent(r) => Ok(f(&loader.extent(r)?)),
+        })
     }
 
     /// Whether `key` is present (never reads an out-of-line value).
@@ -384,6 +423,11 @@ impl ReadTxn {
 }
 
 /// An iterator over a key range of a [`ReadTxn`], from either end.
+///
+/// As an [`Iterator`] it yields owned `(key, value)` pairs. [`Iter::next_ref`] and
+/// [`Iter::next_back_ref`] yield the same entries borrowed instead: the key and an
+/// inline value are slices of the cached node, so a scan copies nothing it does not
+/// keep. The two styles may be mixed on one iterator.
 pub struct Iter {
     shared: Arc<Shared>,
     _view: Arc<View>,
@@ -392,10 +436,12 @@ pub struct Iter {
     upper: Bound<Vec<u8>>,
     front: Option<Cursor>,
     back: Option<Cursor>,
-    /// The last keys yielded from each end (shared, so remembering them is free), so
-    /// the two ends stop where they meet.
-    last_front: Option<Key>,
-    last_back: Option<Key>,
+    /// The last keys yielded from each end, so the two ends stop where they meet
+    /// (buffers reused from step to step).
+    last_front: Option<Vec<u8>>,
+    last_back: Option<Vec<u8>>,
+    /// An out-of-line value read for `next_ref`, which lends it out.
+    extent_buf: Vec<u8>,
     keys_only: bool,
     done: bool,
 }
@@ -424,6 +470,17 @@ fn below(key: &[u8], lower: &Bound<Vec<u8>>) -> bool {
     }
 }
 
+/// Remembers `key` in `slot`, reusing its buffer.
+fn remember(slot: &mut Option<Vec<u8>>, key: &[u8]) {
+    match slot {
+        Some(buf) => {
+            buf.clear();
+            buf.extend_from_slice(key);
+        }
+        None => *slot = Some(key.to_vec()),
+    }
+}
+
 impl Iter {
     fn new(txn: &ReadTxn, lower: Bound<Vec<u8>>, upper: Bound<Vec<u8>>) -> Iter {
         Iter {
@@ -436,6 +493,7 @@ impl Iter {
             back: None,
             last_front: None,
             last_back: None,
+            extent_buf: Vec::new(),
             keys_only: false,
             done: false,
         }
@@ -447,7 +505,40 @@ impl Iter {
         Keys(self)
     }
 
-    fn step(&mut self, forward: bool) -> Result<Option<Pair>> {
+    /// The next entry from the front, borrowed: the key, and the value (an inline
+    /// value straight from the cached node; an out-of-line one from a buffer the
+    /// iterator reuses). Valid until the iterator moves again.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = cambium::Store::create(dir.path())?;
+    /// store.put(b"a", b"1")?;
+    /// store.put(b"b", b"2")?;
+    /// let mut iter = store.read()?.iter()?;
+    /// let mut total = 0;
+    /// while let Some(entry) = iter.next_ref() {
+    ///     let (key, value) = entry?;
+    ///     total += key.len() + value.len();
+    /// }
+    /// assert_eq!(total, 4);
+    /// # Ok::<(), cambium::Error>(())
+    /// ```
+    #[allow(
+        clippy::should_implement_trait,
+        reason = "a lending iterator, not Iterator"
+    )]
+    pub fn next_ref(&mut self) -> Option<Result<(&[u8], &[u8])>> {
+        self.next_ref_from(true)
+    }
+
+    /// The next entry from the back, borrowed (see [`Iter::next_ref`]).
+    pub fn next_back_ref(&mut self) -> Option<Result<(&[u8], &[u8])>> {
+        self.next_ref_from(false)
+    }
+
+    /// Moves one end to its next entry; `false` when the range is exhausted (the end
+    /// passed the bound, or met the other end).
+    fn step(&mut self, forward: bool) -> Result<bool> {
         let loader = Loader {
             cache: &self.shared.cache,
             segments: &self.shared.segments,
@@ -478,38 +569,33 @@ impl Iter {
             Some(c) => c.retreat(loader)?,
         }
         let c = cursor.as_ref().expect("set above");
-        let Some(entry) = c.current() else {
-            return Ok(None);
+        let Some((key, _)) = c.current() else {
+            return Ok(false);
         };
-        let key = &*entry.key;
         let out_of_range = if forward {
             above(key, &self.upper) || self.last_back.as_deref().is_some_and(|b| key >= b)
         } else {
             below(key, &self.lower) || self.last_front.as_deref().is_some_and(|f| key <= f)
         };
         if out_of_range {
-            return Ok(None);
+            return Ok(false);
         }
-        let value = if self.keys_only {
-            Vec::new()
-        } else {
-            loader.value(&entry.value)?
-        };
         if forward {
-            self.last_front = Some(entry.key.clone());
+            remember(&mut self.last_front, key);
         } else {
-            self.last_back = Some(entry.key.clone());
+            remember(&mut self.last_back, key);
         }
-        Ok(Some((key.to_vec(), value)))
+        Ok(true)
     }
 
-    fn next_from(&mut self, forward: bool) -> Option<Result<Pair>> {
+    /// Steps one end, turning the end of the range or an error into the iterator's end.
+    fn advance_end(&mut self, forward: bool) -> Option<Result<()>> {
         if self.done {
             return None;
         }
         match self.step(forward) {
-            Ok(Some(pair)) => Some(Ok(pair)),
-            Ok(None) => {
+            Ok(true) => Some(Ok(())),
+            Ok(false) => {
                 self.done = true;
                 None
             }
@@ -518,6 +604,46 @@ impl Iter {
                 Some(Err(e))
             }
         }
+    }
+
+    fn next_ref_from(&mut self, forward: bool) -> Option<Result<(&[u8], &[u8])>> {
+        if let Err(e) = self.advance_end(forward)? {
+            return Some(Err(e));
+        }
+        let Iter {
+            shared,
+            front,
+            back,
+            extent_buf,
+            keys_only,
+            done,
+            ..
+        } = self;
+        let cursor = if forward { &*front } else { &*back };
+        let (key, value) = cursor
+            .as_ref()
+            .and_then(Cursor::current)
+            .expect("step stopped on an entry");
+        let value: &[u8] = match value {
+            _ if *keys_only => &[],
+            ValueRef::Inline(v) => v,
+            ValueRef::Extent(r) => match shared.loader().extent(r) {
+                Ok(bytes) => {
+                    *extent_buf = bytes;
+                    extent_buf
+                }
+                Err(e) => {
+                    *done = true;
+                    return Some(Err(e));
+                }
+            },
+        };
+        Some(Ok((key, value)))
+    }
+
+    fn next_from(&mut self, forward: bool) -> Option<Result<Pair>> {
+        self.next_ref_from(forward)
+            .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())))
     }
 }
 
@@ -537,6 +663,23 @@ impl DoubleEndedIterator for Iter {
 /// Keys of a range, without their values.
 #[derive(Debug)]
 pub struct Keys(Iter);
+
+impl Keys {
+    /// The next key from the front, borrowed from the cached node (see
+    /// [`Iter::next_ref`]).
+    #[allow(
+        clippy::should_implement_trait,
+        reason = "a lending iterator, not Iterator"
+    )]
+    pub fn next_ref(&mut self) -> Option<Result<&[u8]>> {
+        self.0.next_ref().map(|r| r.map(|(k, _)| k))
+    }
+
+    /// The next key from the back, borrowed.
+    pub fn next_back_ref(&mut self) -> Option<Result<&[u8]>> {
+        self.0.next_back_ref().map(|r| r.map(|(k, _)| k))
+    }
+}
 
 impl Iterator for Keys {
     type Item = Result<Vec<u8>>;

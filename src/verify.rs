@@ -13,7 +13,7 @@
 //! first one unless the structure to walk is gone.
 
 use crate::backref::{BackrefStore, Edge, WriteStore};
-use crate::btree::node::{Body, Child, Node, Value, BRANCH_ENTRY_MAX, LEAF_ENTRY_MAX, NODE_MAX};
+use crate::btree::node::{Child, Node, BRANCH_ENTRY_MAX, LEAF_ENTRY_MAX, NODE_MAX};
 use crate::btree::node_children;
 use crate::btree::walk::{walk, At, Source, Visitor};
 use crate::engine::Shared;
@@ -123,10 +123,7 @@ impl Walker<'_> {
                 r.addr, node.size
             ));
         }
-        let keys: Vec<&[u8]> = match &node.body {
-            Body::Leaf(e) => e.iter().map(|e| &*e.key).collect(),
-            Body::Branch(e) => e.iter().map(|e| &*e.key).collect(),
-        };
+        let keys: Vec<&[u8]> = node.keys().collect();
         if keys.windows(2).any(|w| w[0] >= w[1]) {
             self.problem(format!("{version}: node {:?} keys out of order", r.addr));
         }
@@ -170,7 +167,7 @@ impl Source for DiskReads<'_> {
             return Err(Error::corrupted("node", "in-memory node in a durable tree"));
         };
         let bytes = self.0.read(*r, "node")?;
-        Ok(Arc::new(Node::decode(&bytes, *r)?))
+        Ok(Arc::new(Node::decode(bytes, *r)?))
     }
 }
 
@@ -207,12 +204,10 @@ impl Visitor for TreeCheck<'_, '_> {
         if at.depth == 0 && self.is_version_root && node.len() == 0 {
             w.problem(format!("{}: empty root node {:?}", self.version, r.addr));
         }
-        if let Body::Leaf(entries) = &node.body {
-            w.report.keys += entries.len() as u64;
-            for e in entries {
-                if let Value::Extent(x) = e.value {
-                    w.extent(self.version, x);
-                }
+        if node.is_leaf() {
+            w.report.keys += node.len() as u64;
+            for (_, x) in node.extents() {
+                w.extent(self.version, x);
             }
         }
         Ok(true)

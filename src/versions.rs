@@ -33,7 +33,7 @@
 //! ```
 
 use crate::btree::diff::TreeDiff;
-use crate::btree::node::{Body, Child, Node, Value};
+use crate::btree::node::{Child, Node};
 use crate::btree::refcount::{RcDelta, RefCounts, Target};
 use crate::btree::walk::{walk, At, Visitor};
 use crate::btree::Loader;
@@ -147,16 +147,16 @@ impl Iterator for Diff {
             Ok(Some(match (d.old, d.new) {
                 (None, Some(v)) => Change::Added {
                     key,
-                    value: loader.value(&v)?,
+                    value: loader.value(v.as_ref())?,
                 },
                 (Some(v), None) => Change::Removed {
                     key,
-                    old: loader.value(&v)?,
+                    old: loader.value(v.as_ref())?,
                 },
                 (Some(o), Some(n)) => Change::Changed {
                     key,
-                    old: loader.value(&o)?,
-                    new: loader.value(&n)?,
+                    old: loader.value(o.as_ref())?,
+                    new: loader.value(n.as_ref())?,
                 },
                 (None, None) => unreachable!("a difference has a side"),
             }))
@@ -414,13 +414,11 @@ fn referenced(
                 keys: 0,
                 single: true,
             };
-            if let Body::Leaf(entries) = &node.body {
-                totals.keys = entries.len() as u64;
-                for e in entries {
-                    if let Value::Extent(r) = e.value {
-                        totals.bytes += u64::from(r.len);
-                        totals.single &= self.count(&Target::Block(r)) <= 1;
-                    }
+            if node.is_leaf() {
+                totals.keys = node.len() as u64;
+                for (_, r) in node.extents() {
+                    totals.bytes += u64::from(r.len);
+                    totals.single &= self.count(&Target::Block(r)) <= 1;
                 }
             }
             self.open.push(totals);
@@ -503,13 +501,9 @@ fn exclusive(
         }
         fn visit(&mut self, at: &At<'_>, node: &Arc<Node>) -> Result<bool> {
             self.bytes += node_bytes(at.child, node);
-            if let Body::Leaf(entries) = &node.body {
-                for e in entries {
-                    if let Value::Extent(r) = e.value {
-                        if self.release(&Target::Block(r)) {
-                            self.bytes += u64::from(r.len);
-                        }
-                    }
+            for (_, r) in node.extents() {
+                if self.release(&Target::Block(r)) {
+                    self.bytes += u64::from(r.len);
                 }
             }
             Ok(true)

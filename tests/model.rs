@@ -88,7 +88,14 @@ impl Harness {
             if self.rng.chance(1, 3) {
                 // Read-your-writes inside the transaction.
                 let probe = gen_key(&mut self.rng, &pending);
-                let got = ctx(txn.get(&probe), self.at("txn.get"))?;
+                let got = if self.rng.chance(1, 2) {
+                    ctx(txn.get(&probe), self.at("txn.get"))?
+                } else {
+                    ctx(
+                        txn.get_with(&probe, <[u8]>::to_vec),
+                        self.at("txn.get_with"),
+                    )?
+                };
                 if got.as_ref() != pending.get(&probe) {
                     return Err(self.at(&format!(
                         "txn.get({}) disagrees with the pending state",
@@ -153,16 +160,21 @@ impl Harness {
             }
             return Ok(());
         } else {
-            // From both ends at once, in a random interleaving.
+            // From both ends at once, in a random interleaving, each step owned or
+            // borrowed at random.
             let mut iter = iter;
             let mut front = Vec::new();
             let mut back = Vec::new();
             loop {
                 let from_front = self.rng.chance(1, 2);
-                let item = if from_front {
-                    iter.next()
-                } else {
-                    iter.next_back()
+                let borrowed = self.rng.chance(1, 2);
+                let owned =
+                    |r: cambium::Result<(&[u8], &[u8])>| r.map(|(k, v)| (k.to_vec(), v.to_vec()));
+                let item = match (from_front, borrowed) {
+                    (true, false) => iter.next(),
+                    (false, false) => iter.next_back(),
+                    (true, true) => iter.next_ref().map(owned),
+                    (false, true) => iter.next_back_ref().map(owned),
                 };
                 match item {
                     None => break,
@@ -221,6 +233,10 @@ impl Harness {
                     )));
                 }
                 let read = ctx(self.store().read(), self.at("read"))?;
+                let lent = ctx(read.get_with(&key, <[u8]>::to_vec), self.at("get_with"))?;
+                if lent.as_ref() != want {
+                    return Err(self.at(&format!("get_with({}) disagrees", show(&key))));
+                }
                 let has = ctx(read.contains_key(&key), self.at("contains_key"))?;
                 if has != want.is_some() {
                     return Err(self.at(&format!("contains_key({}) = {has}", show(&key))));

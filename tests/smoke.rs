@@ -145,3 +145,54 @@ fn largest_keys_and_values() {
     assert!(report.is_clean(), "{:?}", report.problems);
     assert_eq!(report.extents, 1);
 }
+
+/// Keys whose byte order is the order of `i`.
+fn ordered_key(i: u32) -> Vec<u8> {
+    format!("key-{i:08}").into_bytes()
+}
+
+/// Leaves filled by a load of `n` keys in the given order, as a fraction of the
+/// node size bound: the entries' encoded bytes over the leaves' capacity.
+fn leaf_fill(order: &[u32]) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::create_with(dir.path(), opts()).unwrap();
+    let mut txn = store.begin_write().unwrap();
+    for &i in order {
+        txn.put(&ordered_key(i), &[7u8; 100]).unwrap();
+    }
+    txn.commit().unwrap();
+    store.checkpoint().unwrap();
+    let stats = store.stats().unwrap();
+    assert_eq!(stats.keys, order.len() as u64);
+    // An entry: key length (2), value tag (1), the key, value length (4), the value.
+    let entry = (2 + 1 + ordered_key(0).len() + 4 + 100) as f64;
+    let node_max = 8192.0;
+    order.len() as f64 * entry / (stats.leaf_nodes as f64 * node_max)
+}
+
+/// The append fast path: keys arriving in ascending order split the right edge of
+/// the tree before its last entry, so the leaves they leave behind are full; the
+/// same keys in random order leave them about two-thirds full, as B-trees do.
+#[test]
+fn sorted_loads_fill_their_leaves() {
+    let n = 40_000u32;
+    let sorted: Vec<u32> = (0..n).collect();
+    let mut shuffled = sorted.clone();
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for i in (1..shuffled.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        shuffled.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    let sorted_fill = leaf_fill(&sorted);
+    let random_fill = leaf_fill(&shuffled);
+    assert!(
+        sorted_fill > 0.95,
+        "sorted load fills leaves to {sorted_fill:.2}"
+    );
+    assert!(
+        random_fill < 0.85,
+        "random load fills leaves to {random_fill:.2}"
+    );
+}

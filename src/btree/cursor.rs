@@ -2,9 +2,8 @@
 //! There is no leaf chaining (Rodeh §2): moving past the end of a leaf climbs the
 //! stack to the next subtree and descends its leftmost (or rightmost) path.
 
-use super::node::{Body, Key, LeafEntry, Node, Probe, MAX_DEPTH};
-use super::{child_index, Loader};
-use crate::btree::node::Child;
+use super::node::{Child, Node, ValueRef, MAX_DEPTH};
+use super::Loader;
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
@@ -19,13 +18,12 @@ pub(crate) enum Seek<'k> {
     AtOrBefore(&'k [u8], bool),
 }
 
-/// Whether an entry with `key` lies before the seek position: below `k`, or at `k`
-/// too when `inclusive_of_k`.
-fn before(key: &Key, k: &[u8], inclusive_of_k: bool) -> bool {
-    match key.cmp_probe(&Probe::new(k)) {
-        std::cmp::Ordering::Less => true,
-        std::cmp::Ordering::Equal => inclusive_of_k,
-        std::cmp::Ordering::Greater => false,
+/// How many entries of `node` lie before the seek position for `k`: those below `k`,
+/// and the one at `k` too when `inclusive_of_k`.
+fn count_before(node: &Node, k: &[u8], inclusive_of_k: bool) -> usize {
+    match node.search(k) {
+        Ok(i) if inclusive_of_k => i + 1,
+        Ok(i) | Err(i) => i,
     }
 }
 
@@ -45,53 +43,42 @@ impl Cursor {
             if c.stack.len() > MAX_DEPTH {
                 return Err(Error::corrupted("node", "tree deeper than MAX_DEPTH"));
             }
-            match &node.body {
-                Body::Branch(entries) => {
-                    let idx = match seek {
-                        Seek::First => 0,
-                        Seek::Last => entries.len() - 1,
-                        Seek::AtOrAfter(k, _) | Seek::AtOrBefore(k, _) => {
-                            child_index(entries, &Probe::new(k))
-                        }
-                    };
-                    let child = loader.child_of(node.level, &entries[idx].child)?;
-                    c.stack.push((node, idx));
-                    node = child;
-                }
-                Body::Leaf(entries) => {
-                    // `pos` may be one past either end; normalising moves to a neighbour leaf.
-                    let (pos, forward) = match seek {
-                        Seek::First => (0, true),
-                        Seek::Last => (entries.len().wrapping_sub(1), false),
-                        Seek::AtOrAfter(k, excl) => {
-                            (entries.partition_point(|e| before(&e.key, k, excl)), true)
-                        }
-                        Seek::AtOrBefore(k, excl) => (
-                            entries
-                                .partition_point(|e| before(&e.key, k, !excl))
-                                .wrapping_sub(1),
-                            false,
-                        ),
-                    };
-                    c.stack.push((node, pos));
-                    if forward {
-                        c.normalize_forward(loader)?;
-                    } else {
-                        c.normalize_backward(loader)?;
+            if node.is_leaf() {
+                // `pos` may be one past either end; normalising moves to a neighbour leaf.
+                let (pos, forward) = match seek {
+                    Seek::First => (0, true),
+                    Seek::Last => (node.len().wrapping_sub(1), false),
+                    Seek::AtOrAfter(k, excl) => (count_before(&node, k, excl), true),
+                    Seek::AtOrBefore(k, excl) => {
+                        (count_before(&node, k, !excl).wrapping_sub(1), false)
                     }
-                    return Ok(c);
+                };
+                c.stack.push((node, pos));
+                if forward {
+                    c.normalize_forward(loader)?;
+                } else {
+                    c.normalize_backward(loader)?;
                 }
+                return Ok(c);
             }
+            if node.len() == 0 {
+                return Err(Error::corrupted("node", "branch node without children"));
+            }
+            let idx = match seek {
+                Seek::First => 0,
+                Seek::Last => node.len() - 1,
+                Seek::AtOrAfter(k, _) | Seek::AtOrBefore(k, _) => node.child_index(k),
+            };
+            let child = loader.child_of(node.level, node.child(idx))?;
+            c.stack.push((node, idx));
+            node = child;
         }
     }
 
-    /// The entry under the cursor.
-    pub(crate) fn current(&self) -> Option<&LeafEntry> {
+    /// The key and value under the cursor.
+    pub(crate) fn current(&self) -> Option<(&[u8], ValueRef<'_>)> {
         let (node, pos) = self.stack.last()?;
-        match &node.body {
-            Body::Leaf(entries) => entries.get(*pos),
-            Body::Branch(_) => None,
-        }
+        (node.is_leaf() && *pos < node.len()).then(|| (node.key(*pos), node.value(*pos)))
     }
 
     pub(crate) fn advance(&mut self, loader: Loader<'_>) -> Result<()> {
@@ -119,10 +106,7 @@ impl Cursor {
                 if node.level == 0 {
                     return Ok(());
                 }
-                let Body::Branch(entries) = &node.body else {
-                    unreachable!("level > 0")
-                };
-                let child = loader.child_of(node.level, &entries[*pos].child)?;
+                let child = loader.child_of(node.level, node.child(*pos))?;
                 self.stack.push((child, 0));
                 continue;
             }
@@ -145,10 +129,7 @@ impl Cursor {
                 if node.level == 0 {
                     return Ok(());
                 }
-                let Body::Branch(entries) = &node.body else {
-                    unreachable!("level > 0")
-                };
-                let child = loader.child_of(node.level, &entries[*pos].child)?;
+                let child = loader.child_of(node.level, node.child(*pos))?;
                 let last = child.len().wrapping_sub(1);
                 self.stack.push((child, last));
                 continue;

@@ -9,7 +9,7 @@
 //! separator in the parent). So the nodes read are those on the paths to the
 //! changes: the cost follows the size of the change, not of the trees.
 
-use super::node::{Body, Child, Key, Value};
+use super::node::{Child, Key, Value};
 use super::Loader;
 use crate::error::{Error, Result};
 use std::cmp::Ordering;
@@ -71,16 +71,17 @@ fn open(loader: Loader<'_>, side: &mut Vec<Item>) -> Result<()> {
             "child level does not match its parent",
         ));
     }
-    match &node.body {
-        Body::Leaf(entries) => side.extend(entries.iter().rev().map(|e| Item::Entry {
-            key: e.key.clone(),
-            value: e.value.clone(),
-        })),
-        Body::Branch(entries) => side.extend(entries.iter().rev().map(|e| Item::Tree {
-            child: e.child.clone(),
-            lo: Some(e.key.clone()),
+    if node.is_leaf() {
+        side.extend((0..node.len()).rev().map(|i| Item::Entry {
+            key: node.key(i).into(),
+            value: node.value(i).to_owned(),
+        }));
+    } else {
+        side.extend((0..node.len()).rev().map(|i| Item::Tree {
+            child: node.child(i).to_owned(),
+            lo: Some(node.key(i).into()),
             level: Some(node.level - 1),
-        })),
+        }));
     }
     Ok(())
 }
@@ -228,6 +229,6 @@ fn same_value(loader: Loader<'_>, x: &Value, y: &Value) -> Result<bool> {
     match (x, y) {
         (Value::Inline(p), Value::Inline(q)) => Ok(p == q),
         (Value::Extent(p), Value::Extent(q)) if p.addr == q.addr => Ok(true),
-        _ => Ok(loader.value(x)? == loader.value(y)?),
+        _ => Ok(loader.value(x.as_ref())? == loader.value(y.as_ref())?),
     }
 }

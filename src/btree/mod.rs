@@ -16,6 +16,7 @@ pub(crate) mod cache;
 pub(crate) mod cursor;
 pub(crate) mod diff;
 pub(crate) mod node;
+pub(crate) mod packed;
 pub(crate) mod refcount;
 pub(crate) mod walk;
 mod write;
@@ -26,7 +27,7 @@ use crate::btree::cache::PageCache;
 use crate::error::{Error, Result};
 use crate::format::{crc, len_u32, Addr, BlockRef};
 use crate::space::Segments;
-use node::{Body, BranchEntry, Child, Node, Probe, Value, MAX_DEPTH};
+use node::{BranchEntry, Child, ChildRef, Node, Probe, ValueRef, MAX_DEPTH};
 use std::cmp::Ordering;
 use std::sync::Arc;
 
@@ -55,7 +56,7 @@ impl Loader<'_> {
             return Ok(n);
         }
         let buf = self.segments.read(r, "node")?;
-        let node = Arc::new(Node::decode(&buf, r)?);
+        let node = Arc::new(Node::decode(buf, r)?);
         self.cache.insert(r.addr, node.clone());
         Ok(node)
     }
@@ -71,7 +72,7 @@ impl Loader<'_> {
             len: len_u32(bytes.len()),
             crc: crc(bytes),
         };
-        match Node::decode(bytes, at) {
+        match Node::decode(bytes.to_vec(), at) {
             Ok(node) => {
                 self.cache.insert(addr, Arc::new(node));
                 true
@@ -81,16 +82,20 @@ impl Loader<'_> {
     }
 
     pub(crate) fn resolve(&self, child: &Child) -> Result<Arc<Node>> {
+        self.resolve_ref(child.as_ref())
+    }
+
+    pub(crate) fn resolve_ref(&self, child: ChildRef<'_>) -> Result<Arc<Node>> {
         match child {
-            Child::Mem(n) => Ok(n.clone()),
-            Child::Disk(r) => self.load(*r),
+            ChildRef::Mem(n) => Ok(n.clone()),
+            ChildRef::Disk(r) => self.load(r),
         }
     }
 
     /// Resolves a child of a branch at `parent_level`, checking the level on the way
     /// (a corrupted pointer must not send a descent into the wrong kind of node).
-    pub(crate) fn child_of(&self, parent_level: u8, child: &Child) -> Result<Arc<Node>> {
-        let node = self.resolve(child)?;
+    pub(crate) fn child_of(&self, parent_level: u8, child: ChildRef<'_>) -> Result<Arc<Node>> {
+        let node = self.resolve_ref(child)?;
         if node.level + 1 != parent_level {
             return Err(Error::corrupted(
                 "node",
@@ -109,16 +114,17 @@ impl Loader<'_> {
         self.segments.read(r, "extent")
     }
 
-    pub(crate) fn value(&self, v: &Value) -> Result<Vec<u8>> {
+    pub(crate) fn value(&self, v: ValueRef<'_>) -> Result<Vec<u8>> {
         match v {
-            Value::Inline(b) => Ok(b.to_vec()),
-            Value::Extent(r) => self.extent(*r),
+            ValueRef::Inline(b) => Ok(b.to_vec()),
+            ValueRef::Extent(r) => self.extent(r),
         }
     }
 }
 
-/// The index of the child to descend into for `key`: the last entry whose key is
-/// `<= key`, or the first when `key` is below all of them.
+/// The index of the child to descend into for `key` among a writer's editable branch
+/// entries: the last entry whose key is `<= key`, or the first when `key` is below all
+/// of them (`Node::child_index` is the same for a node of either form).
 pub(crate) fn child_index(entries: &[BranchEntry], key: &Probe<'_>) -> usize {
     entries
         .partition_point(|e| e.key.cmp_probe(key) != Ordering::Greater)
@@ -130,13 +136,12 @@ pub(crate) fn get_with<R>(
     loader: Loader<'_>,
     root: Option<&Child>,
     key: &[u8],
-    f: impl FnOnce(&Value) -> Result<R>,
+    f: impl FnOnce(ValueRef<'_>) -> Result<R>,
 ) -> Result<Option<R>> {
     let Some(root) = root else { return Ok(None) };
-    let probe = Probe::new(key);
     match root {
-        Child::Mem(node) => get_below(loader, node, &probe, f, 0),
-        Child::Disk(r) => get_below(loader, &*loader.load(*r)?, &probe, f, 0),
+        Child::Mem(node) => get_below(loader, node, key, f, 0),
+        Child::Disk(r) => get_below(loader, &*loader.load(*r)?, key, f, 0),
     }
 }
 
@@ -145,33 +150,31 @@ pub(crate) fn get_with<R>(
 fn get_below<R>(
     loader: Loader<'_>,
     node: &Node,
-    probe: &Probe<'_>,
-    f: impl FnOnce(&Value) -> Result<R>,
+    key: &[u8],
+    f: impl FnOnce(ValueRef<'_>) -> Result<R>,
     depth: usize,
 ) -> Result<Option<R>> {
     if depth > MAX_DEPTH {
         return Err(Error::corrupted("node", "tree deeper than MAX_DEPTH"));
     }
-    match &node.body {
-        Body::Leaf(entries) => match entries.binary_search_by(|e| e.key.cmp_probe(probe)) {
-            Ok(i) => f(&entries[i].value).map(Some),
+    if node.is_leaf() {
+        return match node.search(key) {
+            Ok(i) => f(node.value(i)).map(Some),
             Err(_) => Ok(None),
-        },
-        Body::Branch(entries) => {
-            let child = &entries[child_index(entries, probe)].child;
-            match child {
-                Child::Mem(c) if c.level + 1 == node.level => {
-                    get_below(loader, c, probe, f, depth + 1)
-                }
-                _ => get_below(
-                    loader,
-                    &*loader.child_of(node.level, child)?,
-                    probe,
-                    f,
-                    depth + 1,
-                ),
-            }
-        }
+        };
+    }
+    if node.len() == 0 {
+        return Err(Error::corrupted("node", "branch node without children"));
+    }
+    match node.child(node.child_index(key)) {
+        ChildRef::Mem(c) if c.level + 1 == node.level => get_below(loader, c, key, f, depth + 1),
+        child => get_below(
+            loader,
+            &*loader.child_of(node.level, child)?,
+            key,
+            f,
+            depth + 1,
+        ),
     }
 }
 
@@ -182,7 +185,7 @@ pub(crate) fn contains(loader: Loader<'_>, root: Option<&Child>, key: &[u8]) -> 
 
 #[cfg(test)]
 mod tests {
-    use super::node::{Key, LeafEntry};
+    use super::node::{Key, LeafEntry, Value};
     use super::*;
     use crate::format::SegmentId;
 

@@ -19,8 +19,9 @@
 //! branch  per entry: key_len u16 | key | BlockRef
 //! ```
 
+use super::packed::Packed;
 use crate::error::Result;
-use crate::format::{crc, len_u16, len_u32, put_u16, put_u32, put_u8, BlockRef, Decoder};
+use crate::format::{crc, len_u16, len_u32, put_u16, put_u32, put_u8, BlockRef};
 use crate::limits::{INLINE_VALUE_MAX, MAX_KEY_LEN};
 use std::sync::{Arc, OnceLock};
 
@@ -63,10 +64,10 @@ pub(crate) const LEAF_ENTRY_MAX: usize = 2 + 1 + MAX_KEY_LEN + 4 + INLINE_VALUE_
 /// Deepest tree we accept from disk; a bound on descent against corrupted pointers.
 pub(crate) const MAX_DEPTH: usize = 32;
 
-const KIND_LEAF: u8 = 1;
-const KIND_BRANCH: u8 = 2;
-const VALUE_INLINE: u8 = 0;
-const VALUE_EXTENT: u8 = 1;
+pub(crate) const KIND_LEAF: u8 = 1;
+pub(crate) const KIND_BRANCH: u8 = 2;
+pub(crate) const VALUE_INLINE: u8 = 0;
+pub(crate) const VALUE_EXTENT: u8 = 1;
 
 /// A value stored in a leaf: inline bytes (shared between copies of the leaf), or a
 /// reference to its own extent.
@@ -83,6 +84,60 @@ impl Value {
             Value::Extent(_) => BlockRef::SIZE,
         }
     }
+
+    pub(crate) fn as_ref(&self) -> ValueRef<'_> {
+        match self {
+            Value::Inline(v) => ValueRef::Inline(v),
+            Value::Extent(r) => ValueRef::Extent(*r),
+        }
+    }
+}
+
+/// A value as a reader sees it, in either form of node: inline bytes borrowed from the
+/// node, or the extent holding them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ValueRef<'a> {
+    Inline(&'a [u8]),
+    Extent(BlockRef),
+}
+
+impl ValueRef<'_> {
+    pub(crate) fn to_owned(self) -> Value {
+        match self {
+            ValueRef::Inline(v) => Value::Inline(v.into()),
+            ValueRef::Extent(r) => Value::Extent(r),
+        }
+    }
+
+    pub(crate) fn extent(self) -> Option<BlockRef> {
+        match self {
+            ValueRef::Extent(r) => Some(r),
+            ValueRef::Inline(_) => None,
+        }
+    }
+}
+
+/// A child as a reader sees it, in either form of node.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum ChildRef<'a> {
+    Disk(BlockRef),
+    Mem(&'a Arc<Node>),
+}
+
+impl ChildRef<'_> {
+    pub(crate) fn to_owned(self) -> Child {
+        match self {
+            ChildRef::Disk(r) => Child::Disk(r),
+            ChildRef::Mem(n) => Child::Mem(Arc::clone(n)),
+        }
+    }
+
+    pub(crate) fn disk_ref(self) -> Option<BlockRef> {
+        match self {
+            ChildRef::Disk(r) => Some(r),
+            ChildRef::Mem(n) => n.disk.get().copied(),
+        }
+    }
 }
 
 /// A reference to a child node.
@@ -93,6 +148,13 @@ pub(crate) enum Child {
 }
 
 impl Child {
+    pub(crate) fn as_ref(&self) -> ChildRef<'_> {
+        match self {
+            Child::Disk(r) => ChildRef::Disk(*r),
+            Child::Mem(n) => ChildRef::Mem(n),
+        }
+    }
+
     /// The child's on-disk reference, if it has been written.
     pub(crate) fn disk_ref(&self) -> Option<BlockRef> {
         match self {
@@ -193,10 +255,14 @@ pub(crate) struct BranchEntry {
     pub child: Child,
 }
 
-#[derive(Clone, Debug)]
+/// A node's entries. Dirty nodes (and copies a writer is editing) hold the editable
+/// form, one allocation per key and value; a node read from disk is `Packed`, its bytes
+/// as written (see `packed.rs`), and is never edited: `Node::dirty_copy` unpacks it.
+#[derive(Debug)]
 pub(crate) enum Body {
     Leaf(Vec<LeafEntry>),
     Branch(Vec<BranchEntry>),
+    Packed(Packed),
 }
 
 /// A tree node. See the module docs for the dirty/clean life cycle.
@@ -253,9 +319,10 @@ impl Node {
         }
     }
 
-    /// A dirty copy of this node for a writer in `epoch`. Children that are already
-    /// written are referenced by address, so the copy does not pin them in memory,
-    /// unless `keep_pinned`.
+    /// A dirty copy of this node for a writer in `epoch`, in the editable form (a
+    /// packed node is unpacked here, once). Children that are already written are
+    /// referenced by address, so the copy does not pin them in memory, unless
+    /// `keep_pinned`.
     ///
     /// With `keep_pinned`, in-memory children stay referenced in memory: when the whole
     /// store fits the cache budget, trees stay linked by pointers (see
@@ -281,6 +348,22 @@ impl Node {
                     })
                     .collect(),
             ),
+            Body::Packed(p) if self.level == 0 => Body::Leaf(
+                (0..p.len())
+                    .map(|i| LeafEntry {
+                        key: p.key(i).into(),
+                        value: p.value(i).to_owned(),
+                    })
+                    .collect(),
+            ),
+            Body::Packed(p) => Body::Branch(
+                (0..p.len())
+                    .map(|i| BranchEntry {
+                        key: p.key(i).into(),
+                        child: p.child(i).to_owned(),
+                    })
+                    .collect(),
+            ),
         };
         Node {
             level: self.level,
@@ -291,37 +374,94 @@ impl Node {
         }
     }
 
-    /// A clean copy for the page cache: same content, children by address. Every
-    /// child must already be written.
-    pub(crate) fn clean_copy(&self, at: BlockRef) -> Node {
-        let copy = self.dirty_copy(self.epoch, false, u64::MAX);
-        if let Body::Branch(entries) = &copy.body {
-            assert!(
-                entries.iter().all(|e| matches!(e.child, Child::Disk(_))),
-                "clean copy of a node with dirty children"
-            );
-        }
-        let _ = copy.disk.set(at);
-        copy
-    }
-
     pub(crate) fn is_dirty(&self) -> bool {
         self.disk.get().is_none()
+    }
+
+    pub(crate) fn is_leaf(&self) -> bool {
+        self.level == 0
     }
 
     pub(crate) fn len(&self) -> usize {
         match &self.body {
             Body::Leaf(e) => e.len(),
             Body::Branch(e) => e.len(),
+            Body::Packed(p) => p.len(),
         }
+    }
+
+    /// Entry `i`'s key. Panics if `i` is out of range, as slice indexing does.
+    pub(crate) fn key(&self, i: usize) -> &[u8] {
+        match &self.body {
+            Body::Leaf(e) => &e[i].key,
+            Body::Branch(e) => &e[i].key,
+            Body::Packed(p) => p.key(i),
+        }
+    }
+
+    /// Leaf entry `i`'s value. Panics on a branch: callers check the level first.
+    pub(crate) fn value(&self, i: usize) -> ValueRef<'_> {
+        match &self.body {
+            Body::Leaf(e) => e[i].value.as_ref(),
+            Body::Packed(p) if self.level == 0 => p.value(i),
+            _ => panic!("value of a branch entry"),
+        }
+    }
+
+    /// Branch entry `i`'s child. Panics on a leaf: callers check the level first.
+    pub(crate) fn child(&self, i: usize) -> ChildRef<'_> {
+        match &self.body {
+            Body::Branch(e) => e[i].child.as_ref(),
+            Body::Packed(p) if self.level > 0 => p.child(i),
+            _ => panic!("child of a leaf entry"),
+        }
+    }
+
+    /// Binary search for `key`: `Ok(i)` if entry `i` holds it, else `Err(i)` with `i`
+    /// where it would go.
+    pub(crate) fn search(&self, key: &[u8]) -> std::result::Result<usize, usize> {
+        match &self.body {
+            Body::Packed(p) => p.search(key),
+            Body::Leaf(e) => {
+                let probe = Probe::new(key);
+                e.binary_search_by(|e| e.key.cmp_probe(&probe))
+            }
+            Body::Branch(e) => {
+                let probe = Probe::new(key);
+                e.binary_search_by(|e| e.key.cmp_probe(&probe))
+            }
+        }
+    }
+
+    /// The index of the child to descend into for `key`: the last entry whose key is
+    /// `<= key`, or the first when `key` is below all of them.
+    pub(crate) fn child_index(&self, key: &[u8]) -> usize {
+        match self.search(key) {
+            Ok(i) => i,
+            Err(i) => i.saturating_sub(1),
+        }
+    }
+
+    /// The keys, in order.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        (0..self.len()).map(|i| self.key(i))
+    }
+
+    /// A branch's children, in order (none for a leaf).
+    pub(crate) fn children(&self) -> impl Iterator<Item = ChildRef<'_>> + '_ {
+        let n = if self.is_leaf() { 0 } else { self.len() };
+        (0..n).map(|i| self.child(i))
+    }
+
+    /// A leaf's out-of-line values with their keys (none for a branch).
+    pub(crate) fn extents(&self) -> impl Iterator<Item = (&[u8], BlockRef)> + '_ {
+        let n = if self.is_leaf() { self.len() } else { 0 };
+        (0..n).filter_map(|i| self.value(i).extent().map(|r| (self.key(i), r)))
     }
 
     /// The smallest key in the node (its first entry's), if any.
     pub(crate) fn first_key(&self) -> Option<&[u8]> {
-        match &self.body {
-            Body::Leaf(e) => e.first().map(|e| &*e.key),
-            Body::Branch(e) => e.first().map(|e| &*e.key),
-        }
+        (self.len() > 0).then(|| self.key(0))
     }
 
     /// Serialises the node. Branch children must all be written already (the
@@ -331,6 +471,11 @@ impl Node {
         let (kind, count) = match &self.body {
             Body::Leaf(e) => (KIND_LEAF, e.len()),
             Body::Branch(e) => (KIND_BRANCH, e.len()),
+            Body::Packed(p) => {
+                // Already encoded: the bytes as written.
+                out.extend_from_slice(p.bytes());
+                return;
+            }
         };
         let mut header = [0u8; HEADER_SIZE];
         header[OFF_MAGIC..OFF_CRC].copy_from_slice(&NODE_MAGIC.to_le_bytes());
@@ -369,6 +514,7 @@ impl Node {
                     r.encode(out);
                 }
             }
+            Body::Packed(_) => unreachable!("returned above"),
         }
         let crc = crc(&out[start + CRC_FROM..]);
         out[start + OFF_CRC..start + OFF_CRC + 4].copy_from_slice(&crc.to_le_bytes());
@@ -379,46 +525,16 @@ impl Node {
         );
     }
 
-    /// Parses a node read from disk. The caller has already checked the parent's
-    /// checksum; this checks the node's own header and structure.
-    #[deny(clippy::indexing_slicing)] // bytes from disk: every index is justified
-    pub(crate) fn decode(buf: &[u8], at: BlockRef) -> Result<Node> {
-        let mut d = Decoder::new(buf, "node");
-        if d.u32()? != NODE_MAGIC {
-            return Err(d.error(format!("bad magic at {:?}", at.addr)));
-        }
-        let stored_crc = d.u32()?;
-        // The decoder has read the magic and the crc: `buf` holds at least `CRC_FROM`.
-        #[allow(clippy::indexing_slicing, reason = "checked just above")]
-        let covered = &buf[CRC_FROM..];
-        if crc(covered) != stored_crc {
-            return Err(d.error(format!("self-checksum mismatch at {:?}", at.addr)));
-        }
-        let kind = d.u8()?;
-        let level = d.u8()?;
-        d.u16()?; // reserved
-        let count = d.u32()? as usize;
-        debug_assert_eq!(buf.len() - d.remaining(), HEADER_SIZE);
-        if count > buf.len() {
-            return Err(d.error(format!(
-                "entry count {count} exceeds node size at {:?}",
-                at.addr
-            )));
-        }
-        let body = match kind {
-            KIND_LEAF if level == 0 => Body::Leaf(Self::decode_leaf(&mut d, count)?),
-            KIND_BRANCH if level > 0 && usize::from(level) < MAX_DEPTH => {
-                Body::Branch(Self::decode_branch(&mut d, count)?)
-            }
-            _ => return Err(d.error(format!("bad kind {kind} / level {level} at {:?}", at.addr))),
-        };
-        if d.remaining() != 0 {
-            return Err(d.error(format!("{} trailing bytes at {:?}", d.remaining(), at.addr)));
-        }
+    /// Parses a node's bytes into its packed form, checking the node's own checksum,
+    /// header and structure (the caller checks the parent pointer's checksum, when it
+    /// has one). The result is clean, written at `at`.
+    pub(crate) fn decode(buf: Vec<u8>, at: BlockRef) -> Result<Node> {
+        let size = buf.len();
+        let (level, packed) = Packed::parse(buf, at.addr)?;
         let node = Node {
             level,
-            body,
-            size: buf.len(),
+            body: Body::Packed(packed),
+            size,
             epoch: 0,
             disk: OnceLock::new(),
         };
@@ -426,49 +542,34 @@ impl Node {
         Ok(node)
     }
 
-    fn decode_key(d: &mut Decoder<'_>, len: usize) -> Result<Key> {
-        if len == 0 || len > MAX_KEY_LEN {
-            return Err(d.error(format!("key length {len} out of range")));
-        }
-        Ok(Key::from(d.bytes(len)?))
+    /// Test support: this node as it reads back from disk, written at `at`.
+    #[cfg(test)]
+    pub(crate) fn packed(&self, at: BlockRef) -> Node {
+        let mut buf = Vec::new();
+        self.encode(&mut buf);
+        Node::decode(buf, at).expect("an encoded node parses")
     }
 
-    fn decode_leaf(d: &mut Decoder<'_>, count: usize) -> Result<Vec<LeafEntry>> {
-        let mut entries = Vec::with_capacity(count);
-        for _ in 0..count {
-            let key_len = usize::from(d.u16()?);
-            let tag = d.u8()?;
-            let key = Self::decode_key(d, key_len)?;
-            let value = match tag {
-                VALUE_INLINE => {
-                    let len = d.u32()? as usize;
-                    Value::Inline(d.bytes(len)?.into())
-                }
-                VALUE_EXTENT => Value::Extent(BlockRef::decode(d)?),
-                _ => return Err(d.error(format!("bad value tag {tag}"))),
-            };
-            entries.push(LeafEntry { key, value });
-        }
-        Ok(entries)
-    }
-
-    fn decode_branch(d: &mut Decoder<'_>, count: usize) -> Result<Vec<BranchEntry>> {
-        let mut entries = Vec::with_capacity(count);
-        for _ in 0..count {
-            let key_len = usize::from(d.u16()?);
-            let key = Self::decode_key(d, key_len)?;
-            let child = Child::Disk(BlockRef::decode(d)?);
-            entries.push(BranchEntry { key, child });
-        }
-        if entries.is_empty() {
-            return Err(d.error("branch node without children"));
-        }
-        Ok(entries)
-    }
-
-    /// Bytes of memory the node holds, for the cache budget.
+    /// Bytes of memory the node holds, for the cache budget: what the allocator was
+    /// asked for, plus a fixed allowance per allocation for its bookkeeping (the
+    /// `Arc`, and for the editable form each key's and value's own allocation).
     pub(crate) fn mem_size(&self) -> usize {
-        self.size + self.len() * 40 + 96
+        const PER_ALLOCATION: usize = 16;
+        let fixed = size_of::<Node>() + 2 * size_of::<usize>() + PER_ALLOCATION;
+        fixed
+            + match &self.body {
+                Body::Packed(p) => p.mem_size(),
+                Body::Leaf(e) => {
+                    e.len() * (size_of::<LeafEntry>() + 2 * (PER_ALLOCATION + 16))
+                        + self.size
+                        + PER_ALLOCATION
+                }
+                Body::Branch(e) => {
+                    e.len() * (size_of::<BranchEntry>() + PER_ALLOCATION + 16)
+                        + self.size
+                        + PER_ALLOCATION
+                }
+            }
     }
 }
 
@@ -524,12 +625,11 @@ mod tests {
         let mut buf = Vec::new();
         node.encode(&mut buf);
         assert_eq!(buf.len(), node.size);
-        let back = Node::decode(&buf, at(buf.len())).unwrap();
-        let Body::Leaf(e) = back.body else {
-            panic!("not a leaf")
-        };
-        assert_eq!(&*e[0].key, b"a");
-        assert_eq!(e[1].value, Value::Extent(ext));
+        let back = Node::decode(buf, at(node.size)).unwrap();
+        assert!(back.is_leaf());
+        assert_eq!(back.key(0), b"a");
+        assert_eq!(back.value(0), ValueRef::Inline(b"one"));
+        assert_eq!(back.value(1), ValueRef::Extent(ext));
     }
 
     #[test]
@@ -546,13 +646,13 @@ mod tests {
         let mut buf = Vec::new();
         node.encode(&mut buf);
         for cut in 0..buf.len() {
-            assert!(Node::decode(&buf[..cut], at(cut)).is_err());
+            assert!(Node::decode(buf[..cut].to_vec(), at(cut)).is_err());
         }
         for i in 0..buf.len() {
             let mut b = buf.clone();
             b[i] ^= 0x40;
             assert!(
-                Node::decode(&b, at(b.len())).is_err(),
+                Node::decode(b.clone(), at(b.len())).is_err(),
                 "flip at {i} undetected"
             );
         }

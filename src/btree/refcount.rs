@@ -26,7 +26,7 @@
 //! reachable from a version root or from the drop queue, the stored count equals the
 //! number of distinct reachable nodes (plus roots) that point at it.
 
-use crate::btree::node::{Child, Node};
+use crate::btree::node::{Child, ChildRef, Node};
 use crate::format::AddrMap;
 use crate::format::{Addr, BlockRef};
 use std::sync::Arc;
@@ -100,9 +100,14 @@ impl RefCounts {
     }
 
     pub(crate) fn target<'c>(&self, child: &'c Child) -> Target<'c> {
+        self.target_ref(child.as_ref())
+    }
+
+    /// [`RefCounts::target`] of a child as a reader sees it.
+    pub(crate) fn target_ref<'c>(&self, child: ChildRef<'c>) -> Target<'c> {
         match child {
-            Child::Disk(r) => Target::Block(*r),
-            Child::Mem(n) => match n.disk.get() {
+            ChildRef::Disk(r) => Target::Block(r),
+            ChildRef::Mem(n) => match n.disk.get() {
                 Some(r) if !self.is_unmerged(n) => Target::Block(*r),
                 _ => Target::Mem(n),
             },

@@ -13,7 +13,7 @@
 //! ([`Visitor::visit`], pre-order) and after them ([`Visitor::leave`], post-order, for
 //! folds), with the key range the parent's separators allow.
 
-use super::node::{Body, Child, Node, MAX_DEPTH};
+use super::node::{Child, Node, MAX_DEPTH};
 use super::Loader;
 use crate::error::{Error, Result};
 use std::sync::Arc;
@@ -102,13 +102,15 @@ fn step(
     if !visitor.visit(at, &node)? {
         return Ok(());
     }
-    if let Body::Branch(entries) = &node.body {
-        for (i, e) in entries.iter().enumerate() {
+    if !node.is_leaf() {
+        let n = node.len();
+        for i in 0..n {
+            let pointer = node.child(i).to_owned();
             let child = At {
-                child: &e.child,
+                child: &pointer,
                 depth: at.depth + 1,
-                lo: if i == 0 { at.lo } else { Some(&e.key) },
-                hi: entries.get(i + 1).map(|next| &*next.key).or(at.hi),
+                lo: if i == 0 { at.lo } else { Some(node.key(i)) },
+                hi: (i + 1 < n).then(|| node.key(i + 1)).or(at.hi),
             };
             step(source, &child, Some(node.level), visitor)?;
         }
@@ -153,13 +155,13 @@ pub(crate) fn self_naming_tree() -> (crate::space::Segments, super::cache::PageC
         }],
         1,
     );
-    cache.insert(at(1).addr, Arc::new(leaf.clean_copy(at(1))));
+    cache.insert(at(1).addr, Arc::new(leaf.packed(at(1))));
     let entry = |key: &[u8], n| BranchEntry {
         key: Key::from(key),
         child: Child::Disk(at(n)),
     };
     let branch = Node::new_branch(1, vec![entry(b"a", 1), entry(b"m", 2)], 1);
-    cache.insert(at(2).addr, Arc::new(branch.clean_copy(at(2))));
+    cache.insert(at(2).addr, Arc::new(branch.packed(at(2))));
     (segments, cache, Child::Disk(at(2)))
 }
 

@@ -17,8 +17,8 @@
 //! child's count changes.
 
 use super::node::{
-    branch_entry_size, leaf_entry_size, Body, BranchEntry, Child, Key, LeafEntry, Node, Probe,
-    Value, MERGE_MAX, NODE_MAX, NODE_MIN,
+    branch_entry_size, leaf_entry_size, Body, BranchEntry, Child, ChildRef, Key, LeafEntry, Node,
+    Probe, Value, ValueRef, MERGE_MAX, NODE_MAX, NODE_MIN,
 };
 use super::{child_index, Loader};
 use crate::backref::WriteStore;
@@ -74,27 +74,19 @@ impl WriteCtx<'_> {
     /// A copy of a shared node is one more parent of each of its children (and of
     /// each value extent, for a leaf).
     fn add_parent_to_children(&mut self, node: &Node) {
-        match &node.body {
-            Body::Branch(entries) => {
-                for e in entries {
-                    let t = self.refs.target(&e.child);
-                    self.rc.add(&t, 1);
-                }
-            }
-            Body::Leaf(entries) => {
-                for e in entries {
-                    if let Value::Extent(r) = e.value {
-                        self.rc.add(&Target::Block(r), 1);
-                    }
-                }
-            }
+        for child in node.children() {
+            let t = self.refs.target_ref(child);
+            self.rc.add(&t, 1);
+        }
+        for (_, r) in node.extents() {
+            self.rc.add(&Target::Block(r), 1);
         }
     }
 
     /// One pointer to a value goes away (the value was replaced or deleted): an
     /// extent no other leaf points at is freed.
-    pub(crate) fn release_value(&mut self, value: &Value) {
-        if let Value::Extent(r) = *value {
+    pub(crate) fn release_value(&mut self, value: ValueRef<'_>) {
+        if let ValueRef::Extent(r) = value {
             let t = Target::Block(r);
             if self.count(&t) > 1 {
                 self.rc.add(&t, -1);
@@ -110,8 +102,8 @@ impl WriteCtx<'_> {
     /// nodes are released at once, down to the written ones; a written node goes onto
     /// `queue`, to be freed (and its children released) by `release_queued`, so a big
     /// drop proceeds in bounded steps.
-    pub(crate) fn release_node(&mut self, child: &Child, queue: &mut Vec<BlockRef>) {
-        let t = self.refs.target(child);
+    pub(crate) fn release_node(&mut self, child: ChildRef<'_>, queue: &mut Vec<BlockRef>) {
+        let t = self.refs.target_ref(child);
         if self.count(&t) > 1 {
             self.rc.add(&t, -1);
             return;
@@ -131,17 +123,11 @@ impl WriteCtx<'_> {
     }
 
     fn release_children(&mut self, node: &Node, queue: &mut Vec<BlockRef>) {
-        match &node.body {
-            Body::Branch(entries) => {
-                for e in entries {
-                    self.release_node(&e.child, queue);
-                }
-            }
-            Body::Leaf(entries) => {
-                for e in entries {
-                    self.release_value(&e.value);
-                }
-            }
+        for child in node.children() {
+            self.release_node(child, queue);
+        }
+        for (_, r) in node.extents() {
+            self.release_value(ValueRef::Extent(r));
         }
     }
 
@@ -169,19 +155,8 @@ pub(crate) fn end_backrefs(backrefs: &mut WriteStore, r: BlockRef) {
 
 /// The written blocks a node points at: its children, or a leaf's value extents.
 pub(crate) fn node_children(node: &Node) -> impl Iterator<Item = BlockRef> + '_ {
-    let (branch, leaf) = match &node.body {
-        Body::Branch(entries) => (Some(entries), None),
-        Body::Leaf(entries) => (None, Some(entries)),
-    };
-    let children = branch
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.child.disk_ref());
-    let extents = leaf.into_iter().flatten().filter_map(|e| match e.value {
-        Value::Extent(r) => Some(r),
-        Value::Inline(_) => None,
-    });
-    children.chain(extents)
+    let children = node.children().filter_map(ChildRef::disk_ref);
+    children.chain(node.extents().map(|(_, r)| r))
 }
 
 /// Makes the node behind `slot` writable by this transaction and returns it.
@@ -262,42 +237,66 @@ fn branch_needs_split(node: &Node, key_len: usize) -> bool {
 }
 
 fn needs_split(node: &Node, key_len: usize, leaf_incoming: usize) -> bool {
-    match node.body {
-        Body::Leaf(_) => leaf_needs_split(node, leaf_incoming),
-        Body::Branch(_) => branch_needs_split(node, key_len),
+    if node.is_leaf() {
+        leaf_needs_split(node, leaf_incoming)
+    } else {
+        branch_needs_split(node, key_len)
     }
 }
 
-/// Splits `node` in two by bytes; `node` keeps the left half, the right half is
-/// returned. Both halves are non-empty.
-fn split(node: &mut Node, epoch: u64) -> Node {
+/// How to split a full node.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SplitAt {
+    /// In two halves by bytes: room on both sides for keys arriving anywhere.
+    Middle,
+    /// Before the last entry: the append fast path. Keys arriving in ascending order
+    /// at the right edge of the tree (an import of sorted data) would leave every
+    /// node half empty behind them if split in the middle; split here, the nodes
+    /// they leave behind are full.
+    Last,
+}
+
+impl SplitAt {
+    /// The split for an insert of `key` into `node`: `Last` when the node is on the
+    /// tree's right edge and `key` goes after all of its keys.
+    fn for_insert(node: &Node, rightmost: bool, key: &[u8]) -> SplitAt {
+        let past_end = node.len() > 0 && key > node.key(node.len() - 1);
+        if rightmost && past_end {
+            SplitAt::Last
+        } else {
+            SplitAt::Middle
+        }
+    }
+}
+
+/// Splits `node` in two; `node` keeps the left part, the right part is returned. Both
+/// are non-empty.
+fn split(node: &mut Node, epoch: u64, how: SplitAt) -> Node {
     let half = node.size / 2;
+    let len = node.len();
+    let at = |sizes: &mut dyn Iterator<Item = usize>| match how {
+        SplitAt::Middle => split_point(sizes, half, len),
+        SplitAt::Last => len - 1,
+    };
     match &mut node.body {
         Body::Leaf(entries) => {
-            let at = split_point(
-                entries
-                    .iter()
-                    .map(|e| leaf_entry_size(e.key.len(), &e.value)),
-                half,
-                entries.len(),
-            );
+            let at = at(&mut entries
+                .iter()
+                .map(|e| leaf_entry_size(e.key.len(), &e.value)));
             let right = entries.split_off(at);
             let left = std::mem::take(entries);
             *node = Node::new_leaf(left, epoch);
             Node::new_leaf(right, epoch)
         }
         Body::Branch(entries) => {
-            let at = split_point(
-                entries.iter().map(|e| branch_entry_size(e.key.len())),
-                half,
-                entries.len(),
-            );
+            let at = at(&mut entries.iter().map(|e| branch_entry_size(e.key.len())));
             let right = entries.split_off(at);
             let left = std::mem::take(entries);
             let level = node.level;
             *node = Node::new_branch(level, left, epoch);
             Node::new_branch(level, right, epoch)
         }
+        Body::Packed(_) => unreachable!("shadow unpacks a node before a writer edits it"),
     }
 }
 
@@ -337,7 +336,7 @@ pub(crate) fn insert(
     let node = shadow(slot, ctx)?;
     if needs_split(node, key.len(), incoming) {
         let level = node.level + 1;
-        let right = split(node, ctx.epoch);
+        let right = split(node, ctx.epoch, SplitAt::for_insert(node, true, key));
         let right_key: Key = right.first_key().expect("non-empty half").into();
         let left_key: Key = node.first_key().expect("non-empty half").into();
         let left_child = slot.clone();
@@ -359,15 +358,17 @@ pub(crate) fn insert(
         *slot = ctx.new_dirty(new_root);
     }
     let node = shadow(slot, ctx)?;
-    insert_below(node, key, value, incoming, ctx)
+    insert_below(node, key, value, incoming, true, ctx)
 }
 
 /// Inserts into a writable node that has room for what this insert may add to it.
+/// `rightmost`: the node is on the tree's right edge (see [`SplitAt::Last`]).
 fn insert_below(
     node: &mut Node,
     key: &[u8],
     value: Value,
     incoming: usize,
+    rightmost: bool,
     ctx: &mut WriteCtx<'_>,
 ) -> Result<Option<Value>> {
     let Node {
@@ -401,9 +402,11 @@ fn insert_below(
                 *size = *size + key.len() - entries[0].key.len();
                 entries[0].key = key.into();
             }
+            let child_rightmost = rightmost && idx + 1 == entries.len();
             let child = shadow_child(&mut entries[idx].child, *level, ctx)?;
             if needs_split(child, key.len(), incoming) {
-                let right = split(child, ctx.epoch);
+                let how = SplitAt::for_insert(child, child_rightmost, key);
+                let right = split(child, ctx.epoch, how);
                 let right_key: Key = right.first_key().expect("non-empty half").into();
                 *size += branch_entry_size(right_key.len());
                 let go_right = key >= &*right_key;
@@ -419,9 +422,11 @@ fn insert_below(
                     idx += 1;
                 }
             }
+            let child_rightmost = rightmost && idx + 1 == entries.len();
             let child = shadow(&mut entries[idx].child, ctx)?;
-            insert_below(child, key, value, incoming, ctx)
+            insert_below(child, key, value, incoming, child_rightmost, ctx)
         }
+        Body::Packed(_) => unreachable!("shadow unpacks a node before a writer edits it"),
     }
 }
 
@@ -492,6 +497,7 @@ fn delete_below(node: &mut Node, key: &[u8], ctx: &mut WriteCtx<'_>) -> Result<O
             let child = shadow(&mut entries[idx].child, ctx)?;
             delete_below(child, key, ctx)
         }
+        Body::Packed(_) => unreachable!("shadow unpacks a node before a writer edits it"),
     }
 }
 
@@ -558,7 +564,7 @@ fn rebalance(left: &mut Node, right: &mut Node, epoch: u64) {
                 Body::Branch(all),
             )
         }
-        _ => unreachable!("siblings are at the same level"),
+        _ => unreachable!("siblings are at the same level, unpacked by shadow"),
     };
     let total: usize = sizes.iter().sum::<usize>() + super::node::HEADER_SIZE;
     let at = split_point(
@@ -567,6 +573,7 @@ fn rebalance(left: &mut Node, right: &mut Node, epoch: u64) {
         match &all {
             Body::Leaf(e) => e.len(),
             Body::Branch(e) => e.len(),
+            Body::Packed(_) => unreachable!("shadow unpacks a node before a writer edits it"),
         },
     );
     match all {
@@ -580,5 +587,6 @@ fn rebalance(left: &mut Node, right: &mut Node, epoch: u64) {
             *left = Node::new_branch(level, e, epoch);
             *right = Node::new_branch(level, r, epoch);
         }
+        Body::Packed(_) => unreachable!("shadow unpacks a node before a writer edits it"),
     }
 }

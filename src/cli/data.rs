@@ -31,11 +31,14 @@ pub fn get(ctx: &Ctx, out: &mut impl Write, dir: &Path, key: &str, at: Option<&s
     check_at(at)?;
     let store = open_read_only(dir)?;
     let read = read_view(&store, at)?;
-    match read.get(&key)? {
-        Some(value) if ctx.json => print_pair(ctx, out, &key, Some(&value)),
-        Some(value) => print_key_value(ctx, out, &value, None, b""),
-        None => Err(key_not_found(ctx, &key)),
-    }
+    let printed = read.get_with(&key, |value| {
+        if ctx.json {
+            print_pair(ctx, out, &key, Some(value))
+        } else {
+            print_key_value(ctx, out, value, None, b"")
+        }
+    })?;
+    printed.unwrap_or_else(|| Err(key_not_found(ctx, &key)))
 }
 
 /// `cambium get DIR --stdin [--at VERSION]`: every key read from `input`, looked up in
@@ -70,8 +73,8 @@ pub fn get_stdin(
             .map_err(|e| bad(format!("invalid key: {e}")))?;
         check_key(&key).map_err(|e| bad(e.to_string()))?;
         looked_up += 1;
-        match read.get(&key)? {
-            Some(value) => print_pair(ctx, out, &key, Some(&value))?,
+        match read.get_with(&key, |value| print_pair(ctx, out, &key, Some(value)))? {
+            Some(printed) => printed?,
             None => missing += 1,
         }
     }
@@ -157,7 +160,7 @@ fn scan_range(ctx: &Ctx, a: &ScanArgs) -> CliResult<Range> {
 }
 
 /// Prints up to `limit` keys (with `--keys-only`) or pairs, one a line, in key order
-/// or reversed.
+/// or reversed. Entries are borrowed from the cached nodes, not copied.
 fn print_scan(
     ctx: &Ctx,
     out: &mut impl Write,
@@ -165,27 +168,32 @@ fn print_scan(
     a: &ScanArgs,
     limit: usize,
 ) -> CliResult {
+    let mut printed = 0;
     if a.keys_only {
-        for key in in_order(iter.keys(), a.reverse).take(limit) {
-            print_pair(ctx, out, &key?, None)?;
+        let mut keys = iter.keys();
+        while printed < limit {
+            let next = if a.reverse {
+                keys.next_back_ref()
+            } else {
+                keys.next_ref()
+            };
+            let Some(key) = next else { break };
+            print_pair(ctx, out, key?, None)?;
+            printed += 1;
         }
     } else {
-        for pair in in_order(iter, a.reverse).take(limit) {
+        let mut pairs = iter;
+        while printed < limit {
+            let next = if a.reverse {
+                pairs.next_back_ref()
+            } else {
+                pairs.next_ref()
+            };
+            let Some(pair) = next else { break };
             let (k, v) = pair?;
-            print_pair(ctx, out, &k, Some(&v))?;
+            print_pair(ctx, out, k, Some(v))?;
+            printed += 1;
         }
     }
     Ok(())
-}
-
-/// The items of `iter`, reversed if asked.
-fn in_order<I>(iter: I, reverse: bool) -> Box<dyn Iterator<Item = I::Item>>
-where
-    I: DoubleEndedIterator + 'static,
-{
-    if reverse {
-        Box::new(iter.rev())
-    } else {
-        Box::new(iter)
-    }
 }

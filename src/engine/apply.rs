@@ -131,7 +131,7 @@ pub(crate) fn apply_op(
         Op::Delete { key } => btree::delete(root, key, ctx)?,
     };
     if let Some(old) = &old {
-        ctx.release_value(old);
+        ctx.release_value(old.as_ref());
     }
     Ok(old.is_some())
 }
@@ -266,7 +266,7 @@ pub(crate) fn drop_version(
         // Releasing a root reads nothing (written nodes are queued, not loaded), so
         // this edit cannot fail.
         let _ = w.edit(loader, keep_pinned, |ctx| {
-            ctx.release_node(root, &mut queue);
+            ctx.release_node(root.as_ref(), &mut queue);
             Ok(())
         });
         w.drop_queue.extend(queue);

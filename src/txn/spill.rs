@@ -88,7 +88,6 @@ fn collect(slot: &Child, refs: &RefCounts, epoch: u64, levels: &mut Vec<Vec<Arc<
         Child::Mem(_) => return matches!(refs.target(slot), Target::Block(_)),
     };
     let children_ok = match &n.body {
-        Body::Leaf(_) => true,
         Body::Branch(entries) => {
             // Every child is visited, also after one that cannot spill: its own
             // spillable descendants still go.
@@ -98,6 +97,8 @@ fn collect(slot: &Child, refs: &RefCounts, epoch: u64, levels: &mut Vec<Vec<Arc<
             }
             all
         }
+        // A packed branch names its children by address only.
+        Body::Leaf(_) | Body::Packed(_) => true,
     };
     if children_ok {
         let level = usize::from(n.level);
