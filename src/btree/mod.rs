@@ -15,6 +15,7 @@
 pub(crate) mod cache;
 pub(crate) mod cursor;
 pub(crate) mod diff;
+mod layout;
 pub(crate) mod node;
 pub(crate) mod packed;
 pub(crate) mod refcount;

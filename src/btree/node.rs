@@ -22,52 +22,14 @@
 use super::packed::Packed;
 use crate::error::Result;
 use crate::format::{crc, len_u16, len_u32, put_u16, put_u32, put_u8, BlockRef};
-use crate::limits::{INLINE_VALUE_MAX, MAX_KEY_LEN};
 use std::sync::{Arc, OnceLock};
 
-pub(crate) const NODE_MAGIC: u32 = u32::from_le_bytes(*b"CNOD");
-
-// Header layout: the byte offset of each field. docs/FORMAT.md has the same table, and
-// `crate::format_tests` checks the two against each other.
-pub(crate) const OFF_MAGIC: usize = 0;
-pub(crate) const OFF_CRC: usize = 4;
-pub(crate) const OFF_KIND: usize = 8;
-pub(crate) const OFF_LEVEL: usize = 9;
-pub(crate) const OFF_RESERVED: usize = 10;
-pub(crate) const OFF_COUNT: usize = 12;
-/// Entries follow the header.
-pub(crate) const HEADER_SIZE: usize = 16;
-/// The node's own checksum covers its bytes from here to the end.
-pub(crate) const CRC_FROM: usize = OFF_KIND;
-
-// The fields are contiguous, each as wide as its type, and fill exactly `HEADER_SIZE`.
-const _: () = assert!(OFF_MAGIC == 0);
-const _: () = assert!(OFF_MAGIC + size_of::<u32>() == OFF_CRC);
-const _: () = assert!(OFF_CRC + size_of::<u32>() == OFF_KIND);
-const _: () = assert!(OFF_KIND + size_of::<u8>() == OFF_LEVEL);
-const _: () = assert!(OFF_LEVEL + size_of::<u8>() == OFF_RESERVED);
-const _: () = assert!(OFF_RESERVED + size_of::<u16>() == OFF_COUNT);
-const _: () = assert!(OFF_COUNT + size_of::<u32>() == HEADER_SIZE);
-const _: () = assert!(CRC_FROM == OFF_CRC + size_of::<u32>());
-/// Largest encoded node. 8 KiB holds ~45 entries of the 24 B/150 B benchmark shape and
-/// ~190 branch entries of 24-byte keys, giving a 3-level tree for a million keys.
-pub(crate) const NODE_MAX: usize = 8192;
-/// Nodes below this size are fixed (merged or rebalanced) when a delete passes by.
-pub(crate) const NODE_MIN: usize = NODE_MAX / 4;
-/// A merge is done only when the result stays this small, so a merged node is not
-/// split again by the next insert (the split/merge ping-pong Rodeh's [b, 3b] avoids).
-pub(crate) const MERGE_MAX: usize = NODE_MAX * 3 / 4;
-/// The largest branch entry: what a split may push into a parent.
-pub(crate) const BRANCH_ENTRY_MAX: usize = 2 + MAX_KEY_LEN + BlockRef::SIZE;
-/// The largest leaf entry: a maximal key with a value just at the inline limit.
-pub(crate) const LEAF_ENTRY_MAX: usize = 2 + 1 + MAX_KEY_LEN + 4 + INLINE_VALUE_MAX;
-/// Deepest tree we accept from disk; a bound on descent against corrupted pointers.
-pub(crate) const MAX_DEPTH: usize = 32;
-
-pub(crate) const KIND_LEAF: u8 = 1;
-pub(crate) const KIND_BRANCH: u8 = 2;
-pub(crate) const VALUE_INLINE: u8 = 0;
-pub(crate) const VALUE_EXTENT: u8 = 1;
+use super::layout::head_of;
+pub(crate) use super::layout::{
+    ValueRef, BRANCH_ENTRY_MAX, CRC_FROM, HEADER_SIZE, KIND_BRANCH, KIND_LEAF, LEAF_ENTRY_MAX,
+    MAX_DEPTH, MERGE_MAX, NODE_MAGIC, NODE_MAX, NODE_MIN, OFF_COUNT, OFF_CRC, OFF_KIND, OFF_LEVEL,
+    OFF_MAGIC, VALUE_EXTENT, VALUE_INLINE,
+};
 
 /// A value stored in a leaf: inline bytes (shared between copies of the leaf), or a
 /// reference to its own extent.
@@ -93,26 +55,11 @@ impl Value {
     }
 }
 
-/// A value as a reader sees it, in either form of node: inline bytes borrowed from the
-/// node, or the extent holding them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ValueRef<'a> {
-    Inline(&'a [u8]),
-    Extent(BlockRef),
-}
-
 impl ValueRef<'_> {
     pub(crate) fn to_owned(self) -> Value {
         match self {
             ValueRef::Inline(v) => Value::Inline(v.into()),
             ValueRef::Extent(r) => Value::Extent(r),
-        }
-    }
-
-    pub(crate) fn extent(self) -> Option<BlockRef> {
-        match self {
-            ValueRef::Extent(r) => Some(r),
-            ValueRef::Inline(_) => None,
         }
     }
 }
@@ -190,16 +137,6 @@ pub(crate) struct Probe<'a> {
     bytes: &'a [u8],
 }
 
-/// The first 8 bytes, zero-padded, as a big-endian integer. Zero padding keeps the
-/// integer order consistent with byte order: if two prefixes differ, so do the keys, in
-/// the same direction (a shorter key padded with zeros is a prefix of the other).
-fn prefix_of(bytes: &[u8]) -> u64 {
-    let mut p = [0u8; 8];
-    let n = bytes.len().min(8);
-    p[..n].copy_from_slice(&bytes[..n]);
-    u64::from_be_bytes(p)
-}
-
 impl Key {
     pub(crate) fn cmp_probe(&self, probe: &Probe<'_>) -> std::cmp::Ordering {
         match self.prefix.cmp(&probe.prefix) {
@@ -212,7 +149,7 @@ impl Key {
 impl<'a> Probe<'a> {
     pub(crate) fn new(bytes: &'a [u8]) -> Self {
         Probe {
-            prefix: prefix_of(bytes),
+            prefix: head_of(bytes),
             bytes,
         }
     }
@@ -228,7 +165,7 @@ impl std::ops::Deref for Key {
 impl From<&[u8]> for Key {
     fn from(bytes: &[u8]) -> Key {
         Key {
-            prefix: prefix_of(bytes),
+            prefix: head_of(bytes),
             bytes: bytes.into(),
         }
     }
@@ -237,7 +174,7 @@ impl From<&[u8]> for Key {
 impl From<Arc<[u8]>> for Key {
     fn from(bytes: Arc<[u8]>) -> Key {
         Key {
-            prefix: prefix_of(&bytes),
+            prefix: head_of(&bytes),
             bytes,
         }
     }
@@ -360,7 +297,7 @@ impl Node {
                 (0..p.len())
                     .map(|i| BranchEntry {
                         key: p.key(i).into(),
-                        child: p.child(i).to_owned(),
+                        child: Child::Disk(p.child(i)),
                     })
                     .collect(),
             ),
@@ -412,7 +349,7 @@ impl Node {
     pub(crate) fn child(&self, i: usize) -> ChildRef<'_> {
         match &self.body {
             Body::Branch(e) => e[i].child.as_ref(),
-            Body::Packed(p) if self.level > 0 => p.child(i),
+            Body::Packed(p) if self.level > 0 => ChildRef::Disk(p.child(i)),
             _ => panic!("child of a leaf entry"),
         }
     }
@@ -577,21 +514,6 @@ impl Node {
 mod tests {
     use super::*;
 
-    #[test]
-    fn node_header_table_matches_the_code() {
-        crate::format_tests::check_layout(
-            "node-header",
-            &[
-                ("magic", OFF_MAGIC),
-                ("crc", OFF_CRC),
-                ("kind", OFF_KIND),
-                ("level", OFF_LEVEL),
-                ("reserved", OFF_RESERVED),
-                ("count", OFF_COUNT),
-            ],
-            HEADER_SIZE,
-        );
-    }
     use crate::format::{Addr, SegmentId};
 
     fn at(len: usize) -> BlockRef {

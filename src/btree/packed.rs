@@ -22,8 +22,8 @@
 //!   least `prefix_len` long and starts with the same `prefix_len` bytes;
 //! - a leaf's tags are `VALUE_INLINE` or `VALUE_EXTENT`; a branch has an entry.
 
-use super::node::{
-    ChildRef, ValueRef, CRC_FROM, HEADER_SIZE, KIND_BRANCH, KIND_LEAF, MAX_DEPTH, NODE_MAGIC,
+use super::layout::{
+    head_of, ValueRef, CRC_FROM, HEADER_SIZE, KIND_BRANCH, KIND_LEAF, MAX_DEPTH, NODE_MAGIC,
     VALUE_EXTENT, VALUE_INLINE,
 };
 use crate::error::Result;
@@ -61,17 +61,6 @@ impl std::fmt::Debug for Packed {
             .field("prefix_len", &self.prefix_len)
             .finish()
     }
-}
-
-/// The first 8 bytes of `bytes`, zero-padded, as a big-endian integer. Zero padding
-/// keeps integer order consistent with byte order (a shorter key padded with zeros
-/// compares at most equal to a longer one it is a prefix of; ties are resolved on the
-/// bytes).
-pub(crate) fn head_of(bytes: &[u8]) -> u64 {
-    let mut p = [0u8; 8];
-    let n = bytes.len().min(8);
-    p[..n].copy_from_slice(&bytes[..n]);
-    u64::from_be_bytes(p)
 }
 
 /// The header fields a parse needs.
@@ -229,9 +218,9 @@ impl Packed {
         ValueRef::Inline(&self.bytes[at + 4..at + 4 + len as usize])
     }
 
-    /// Branch entry `i`'s child.
-    pub(crate) fn child(&self, i: usize) -> ChildRef<'_> {
-        ChildRef::Disk(self.block_ref(self.after_key(i)))
+    /// Branch entry `i`'s child: a packed node names its children by address.
+    pub(crate) fn child(&self, i: usize) -> BlockRef {
+        self.block_ref(self.after_key(i))
     }
 
     /// Binary search for `key`: `Ok(i)` if entry `i` holds it, else `Err(i)` with
