@@ -32,7 +32,7 @@ use crate::btree::node::{Child, Node};
 use crate::btree::walk::{walk, At, Visitor};
 use crate::btree::{end_backrefs, node_children};
 use crate::catalog::Catalog;
-use crate::engine::{fits_pinned, Durable, PendingDelete, Shared, WriterState};
+use crate::engine::{Durable, PendingDelete, Shared, WriterState};
 use crate::error::Result;
 use crate::format::{crc, len_u32, Addr, BlockRef, Lsn, SegmentId};
 use crate::meta::{self, Chain, MetaDelta, PendingSegment};
@@ -146,6 +146,8 @@ fn freeze(shared: &Shared, w: &mut WriterState, durable: &mut Durable) -> Result
             .expect("the previous checkpoint wrote every frozen node");
         w.delta.free(r);
         end_backrefs(&mut w.backrefs, r);
+        // The checkpoint cached it as it wrote it; nothing live names it now.
+        shared.cache.remove(r.addr);
     }
     let first_unsafe_segment = shared.segments.newest();
     let closed_gen = shared.wal.rotate(&shared.segments)?;
@@ -490,7 +492,7 @@ fn flush_chunk(
         written.alloc(r);
         // Cache the clean node in its packed form, the bytes just written (it names
         // its children by address and holds one allocation, not one per entry).
-        match Node::decode(bytes.to_vec(), r) {
+        match Node::decode_checked(bytes.to_vec(), r) {
             Ok(packed) => shared.cache.insert(r.addr, Arc::new(packed)),
             Err(e) => debug_assert!(false, "a node we encoded does not parse: {e}"),
         }
@@ -554,19 +556,9 @@ pub(crate) fn delete_unreachable_segments(shared: &Shared) {
 }
 
 /// Replaces in-memory roots whose trees are fully written by their addresses, so the
-/// tree is held by the page cache (bounded) instead of pinned by the root. A store
-/// whose live data fits comfortably in the cache budget keeps its trees pinned: reads
-/// then follow pointers instead of looking every node up in the cache, and memory
-/// stays within what the cache would have used anyway.
+/// tree is held by the page cache (bounded, and in the packed form readers search
+/// fastest) instead of pinned by the root in the editable form.
 fn unpin_written_roots(shared: &Shared, epoch: u64) {
-    let live: u64 = lock(&shared.durable).meta.usage.values().sum();
-    let fits = fits_pinned(live, shared.cache.capacity());
-    shared
-        .keep_pinned
-        .store(fits, std::sync::atomic::Ordering::Relaxed);
-    if fits {
-        return;
-    }
     let Ok(mut w) = shared.writer.try_lock() else {
         return;
     };

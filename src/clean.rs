@@ -494,7 +494,7 @@ fn settle_deletions(shared: &Shared) -> Result<()> {
 /// that no commit came between), or always when `force`d (to advance the
 /// generation, which pending deletions wait for).
 fn settle(shared: &Shared, w: &mut WriterState, force: bool) -> Result<()> {
-    while drop_step(w, shared.loader(), shared.keep_pinned(), 1024)? {}
+    while drop_step(w, shared.loader(), 1024)? {}
     if force || !checkpoint::nothing_to_write(shared, w) {
         checkpoint::run_holding(shared, w)?;
     }
@@ -767,7 +767,6 @@ fn plan_moves(
         rewired: AddrMap::default(),
         w_epoch: w.epoch,
         merged_through: w.refs.merged_through,
-        keep_pinned: shared.keep_pinned(),
         copies: AddrMap::default(),
         extents: AddrMap::default(),
         stack: Vec::new(),
@@ -834,7 +833,6 @@ struct Mover<'a> {
     rewired: AddrMap<Addr, u32>,
     w_epoch: u64,
     merged_through: u64,
-    keep_pinned: bool,
     /// Old address → its copy (`None`: decided, not moved).
     copies: AddrMap<Addr, Option<Arc<Node>>>,
     /// Old value extent address → its copy.
@@ -886,7 +884,7 @@ impl Mover<'_> {
     }
 
     fn copy(&mut self, old: BlockRef, node: &Node) -> Result<Arc<Node>> {
-        let mut copy = node.dirty_copy(self.w_epoch, self.keep_pinned, self.merged_through);
+        let mut copy = node.dirty_copy(self.w_epoch, self.merged_through);
         match &mut copy.body {
             Body::Branch(entries) => {
                 for e in entries {
@@ -918,6 +916,7 @@ impl Mover<'_> {
         self.rc.add(&Target::Block(old), -others);
         self.delta.free(old);
         end_backrefs(&mut self.backrefs, old);
+        self.shared.cache.remove(old.addr);
         self.dirtied += copy.size as u64;
         self.moved.blocks += 1;
         self.moved.bytes += u64::from(old.len);

@@ -18,7 +18,7 @@ use crate::backref::{BackrefStore, WriteStore};
 use crate::btree::cache::PageCache;
 use crate::catalog::Catalog;
 use crate::checkpoint;
-use crate::engine::{self, fits_pinned, Durable, PendingDelete, Shared, ViewRegistry, WriterState};
+use crate::engine::{self, Durable, PendingDelete, Shared, ViewRegistry, WriterState};
 use crate::error::{Error, Result};
 use crate::format::{now_unix_ms, BlockRef, Lsn, SegmentId};
 use crate::io::{LockKind, StoreLock, VFile, Vfs};
@@ -239,7 +239,6 @@ fn load(
         fallback_run_segments(&segments, &fallback_chain)
     });
     let cache = PageCache::new(opts.cache_bytes);
-    let keep_pinned = fits_pinned(meta.usage.values().sum(), cache.capacity());
     let mut writer = WriterState {
         catalog: meta.catalog.clone(),
         epoch: 1,
@@ -259,7 +258,7 @@ fn load(
         cache: &cache,
         segments: &segments,
     };
-    let replayed = replay_wal(&*vfs, &sb, &mut writer, loader, keep_pinned, bound)?;
+    let replayed = replay_wal(&*vfs, &sb, &mut writer, loader, bound)?;
     let wal = Wal::new(
         vfs.clone(),
         process_lock.clone(),
@@ -312,7 +311,6 @@ fn load(
         views,
         pending_deletes: Mutex::new(pending),
         poisoned: Mutex::new(None),
-        keep_pinned: AtomicBool::new(keep_pinned),
         background: Arc::default(),
         durable_generation: AtomicU64::new(durable_generation),
         bg_thread: Mutex::new(None),
@@ -425,7 +423,6 @@ fn replay_wal(
     sb: &Superblock,
     w: &mut WriterState,
     loader: crate::btree::Loader<'_>,
-    keep_pinned: bool,
     bound: Option<Lsn>,
 ) -> Result<Replayed> {
     let mut next_gen = sb.wal_gen;
@@ -437,7 +434,7 @@ fn replay_wal(
             if bound.is_some_and(|b| logged.lsn > b) {
                 break;
             }
-            engine::apply_record(w, loader, keep_pinned, &logged.record()?, logged.lsn)?;
+            engine::apply_record(w, loader, &logged.record()?, logged.lsn)?;
             w.last_lsn = logged.lsn;
         }
         bytes += generation.valid_bytes;

@@ -170,9 +170,7 @@ impl<'s> WriteTxn<'s> {
             .guard
             .as_deref()
             .expect("an open transaction holds the writer lock");
-        let mut ctx = self
-            .changes
-            .ctx(w, self.shared.loader(), self.shared.keep_pinned());
+        let mut ctx = self.changes.ctx(w, self.shared.loader());
         let result = apply_op(&mut self.root, op, &mut ctx);
         if let Err(e) = &result {
             self.fail(e);

@@ -223,9 +223,8 @@ pub(crate) fn drop_version(shared: &Shared, name: &str) -> Result<()> {
         .ok_or_else(|| Error::VersionNotFound(name.to_owned()))?
         .id;
     let record = Record::Version(VersionOp::Drop { id: id.0 });
-    let keep_pinned = shared.keep_pinned();
     let queued = log_and_publish(shared, w, &record, Durability::Immediate, |w, _| {
-        engine::drop_version(w, shared.loader(), keep_pinned, id);
+        engine::drop_version(w, shared.loader(), id);
         Ok(!w.drop_queue.is_empty())
     })?;
     if queued {
@@ -241,7 +240,7 @@ pub(crate) fn drop_step(shared: &Shared, budget: usize) -> Result<bool> {
     if w.drop_queue.is_empty() {
         return Ok(false);
     }
-    engine::drop_step(&mut w, shared.loader(), shared.keep_pinned(), budget)
+    engine::drop_step(&mut w, shared.loader(), budget)
 }
 
 /// Runs the reclamation of dropped versions to the end.

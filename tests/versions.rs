@@ -771,9 +771,9 @@ fn diff_reads_only_the_paths_to_the_changes() {
         }]
     );
     // The two paths from the roots to the changed leaves, nothing else, in a tree of
-    // thousands of nodes.
+    // over a thousand nodes (the load is in key order, so its leaves are full).
     assert!(
-        nodes_in_tree > 2000 && depth >= 3,
+        nodes_in_tree > 1000 && depth >= 3,
         "{nodes_in_tree} nodes, depth {depth}"
     );
     assert!(

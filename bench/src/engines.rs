@@ -61,9 +61,11 @@ impl Engine for Cambium {
         let r = self.store.read()?;
         let mut sum = 0u64;
         for (k, v) in pairs {
-            let got = r.get(&k)?.ok_or("missing key")?;
-            check_value(&got, &v)?;
-            sum += got.len() as u64;
+            // The borrowing lookup, as redb's `AccessGuard` and LMDB's slices are.
+            let got = r
+                .get_with(&k, |got| check_value(got, &v).map(|()| got.len()))?
+                .ok_or("missing key")??;
+            sum += got as u64;
         }
         Ok(sum)
     }
@@ -72,8 +74,9 @@ impl Engine for Cambium {
         let r = self.store.read()?;
         let mut sum = 0u64;
         for k in keys {
-            let it = r.range((Bound::Included(&k[..]), Bound::Unbounded))?;
-            for kv in it.take(len) {
+            let mut it = r.range((Bound::Included(&k[..]), Bound::Unbounded))?;
+            for _ in 0..len {
+                let Some(kv) = it.next_ref() else { break };
                 let (k, v) = kv?;
                 sum += (k.len() + v.len()) as u64;
             }
@@ -84,13 +87,16 @@ impl Engine for Cambium {
     fn progress(&self) -> Option<String> {
         let s = self.store.stats().ok()?;
         Some(format!(
-            "generation {} checkpoint_lsn {} last_lsn {} wal {} dirty_nodes {} cache hit rate {:.3}",
+            "generation {} checkpoint_lsn {} last_lsn {} wal {} dirty_nodes {} cache {} MiB, {} hits {} misses, {} leaves",
             s.generation,
             s.checkpoint_lsn,
             s.last_lsn,
             s.wal_bytes,
             s.dirty_nodes,
-            s.cache_hit_rate
+            s.cache_bytes >> 20,
+            s.cache_hits,
+            s.cache_misses,
+            s.leaf_nodes,
         ))
     }
 

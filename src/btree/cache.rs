@@ -1,10 +1,16 @@
-//! The page cache: clean, decoded nodes by physical address, under a memory budget.
+//! The page cache: clean nodes in their packed form by physical address, under a
+//! memory budget (what the nodes occupy, `Node::mem_size`).
 //!
 //! Replacement is CLOCK with credits: a hit refills an entry's credit, the hand takes
-//! one credit per pass and evicts at zero. Leaves are inserted without credit. Branch nodes get more credit than leaves
-//! (level + 1, capped), so the top levels of every tree stay hot while leaves of a
-//! large scan cycle through. The cache is sharded by address to keep lock hold times
-//! short; hits take only a shard's read lock.
+//! one credit per pass and evicts at zero. Leaves are inserted without credit. Branch
+//! nodes get more credit than leaves (level + 1, capped), so the top levels of every
+//! tree stay hot while leaves of a large scan cycle through. The cache is sharded by
+//! address to keep lock hold times short; hits take only a shard's read lock.
+//!
+//! A hit touches one hash bucket, which holds the node pointer and the credit inline,
+//! and then the node: the clock's ring of addresses is only walked on eviction. A
+//! lookup's misses in the CPU's caches are what a read of a large tree pays for, level
+//! by level.
 //!
 //! Invariant: only clean nodes (written, `disk` set, children by address) are cached,
 //! so an entry never pins other nodes and its address names exactly its content.
@@ -19,18 +25,42 @@ use std::sync::{Arc, RwLock};
 const SHARDS: usize = 16;
 const MAX_CREDIT: u8 = 4;
 
-struct Slot {
-    addr: Addr,
+struct Entry {
     node: Arc<Node>,
     credit: AtomicU8,
+    /// The credit a hit restores (the node's level's), kept here so that a hit does
+    /// not reach into the node before it must.
+    full_credit: u8,
+    /// Where the address sits in the clock ring.
+    ring_pos: usize,
 }
 
 #[derive(Default)]
 struct Shard {
-    index: AddrMap<Addr, usize>,
-    slots: Vec<Slot>,
+    entries: AddrMap<Addr, Entry>,
+    /// The clock: every cached address once, in no particular order.
+    ring: Vec<Addr>,
     hand: usize,
     bytes: usize,
+}
+
+impl Shard {
+    /// Takes `addr` out of the ring (its entry is already out of the map).
+    fn unring(&mut self, pos: usize) {
+        self.ring.swap_remove(pos);
+        if let Some(&moved) = self.ring.get(pos) {
+            if let Some(e) = self.entries.get_mut(&moved) {
+                e.ring_pos = pos;
+            }
+        }
+    }
+
+    fn remove(&mut self, addr: Addr) {
+        if let Some(victim) = self.entries.remove(&addr) {
+            self.unring(victim.ring_pos);
+            self.bytes -= victim.node.mem_size();
+        }
+    }
 }
 
 pub(crate) struct PageCache {
@@ -65,12 +95,11 @@ impl PageCache {
             .shard(addr)
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match shard.index.get(&addr) {
-            Some(&i) => {
-                let slot = &shard.slots[i];
-                slot.credit.store(credit_for(&slot.node), Ordering::Relaxed);
+        match shard.entries.get(&addr) {
+            Some(e) => {
+                e.credit.store(e.full_credit, Ordering::Relaxed);
                 self.hits.fetch_add(1, Ordering::Relaxed);
-                Some(slot.node.clone())
+                Some(e.node.clone())
             }
             None => {
                 self.misses.fetch_add(1, Ordering::Relaxed);
@@ -85,7 +114,7 @@ impl PageCache {
         self.shard(addr)
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .index
+            .entries
             .contains_key(&addr)
     }
 
@@ -95,45 +124,62 @@ impl PageCache {
             .shard(addr)
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if shard.index.contains_key(&addr) {
+        if shard.entries.contains_key(&addr) {
             return;
         }
         let size = node.mem_size();
-        while shard.bytes + size > self.shard_budget && !shard.slots.is_empty() {
+        while shard.bytes + size > self.shard_budget && !shard.ring.is_empty() {
             Self::evict_one(&mut shard);
         }
         // Leaves enter cold (no credit until their first hit), so a long scan cannot
         // flush out what is hot; branches enter with their level's credit.
-        let credit = AtomicU8::new(if node.level == 0 {
-            0
-        } else {
-            credit_for(&node)
-        });
-        let i = shard.slots.len();
-        shard.slots.push(Slot { addr, node, credit });
-        shard.index.insert(addr, i);
+        let full_credit = credit_for(&node);
+        let credit = AtomicU8::new(if node.level == 0 { 0 } else { full_credit });
+        let ring_pos = shard.ring.len();
+        shard.ring.push(addr);
+        shard.entries.insert(
+            addr,
+            Entry {
+                node,
+                credit,
+                full_credit,
+                ring_pos,
+            },
+        );
         shard.bytes += size;
+    }
+
+    /// Drops the node at `addr`, if cached: its address was freed, so no new reader
+    /// will ask for it (a reader of an older view that still does reads it again), and
+    /// the budget it holds is better spent on live nodes.
+    pub(crate) fn remove(&self, addr: Addr) {
+        self.shard(addr)
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(addr);
     }
 
     /// Runs the clock hand until one entry runs out of credit, and evicts it.
     fn evict_one(shard: &mut Shard) {
         loop {
-            if shard.hand >= shard.slots.len() {
+            if shard.hand >= shard.ring.len() {
                 shard.hand = 0;
             }
-            let slot = &shard.slots[shard.hand];
-            let credit = slot.credit.load(Ordering::Relaxed);
+            let addr = shard.ring[shard.hand];
+            let credit = match shard.entries.get(&addr) {
+                Some(e) => e.credit.load(Ordering::Relaxed),
+                None => 0, // unreachable by the ring's invariant; evicting is safe
+            };
             if credit == 0 {
-                let victim = shard.slots.swap_remove(shard.hand);
-                shard.index.remove(&victim.addr);
-                if let Some(moved) = shard.slots.get(shard.hand) {
-                    let moved_addr = moved.addr;
-                    shard.index.insert(moved_addr, shard.hand);
+                match shard.entries.contains_key(&addr) {
+                    true => shard.remove(addr),
+                    false => shard.unring(shard.hand),
                 }
-                shard.bytes -= victim.node.mem_size();
                 return;
             }
-            slot.credit.store(credit - 1, Ordering::Relaxed);
+            if let Some(e) = shard.entries.get(&addr) {
+                e.credit.store(credit - 1, Ordering::Relaxed);
+            }
             shard.hand += 1;
         }
     }

@@ -57,7 +57,7 @@ impl Loader<'_> {
             return Ok(n);
         }
         let buf = self.segments.read(r, "node")?;
-        let node = Arc::new(Node::decode(buf, r)?);
+        let node = Arc::new(Node::decode_checked(buf, r)?);
         self.cache.insert(r.addr, node.clone());
         Ok(node)
     }

@@ -258,17 +258,13 @@ impl Node {
 
     /// A dirty copy of this node for a writer in `epoch`, in the editable form (a
     /// packed node is unpacked here, once). Children that are already written are
-    /// referenced by address, so the copy does not pin them in memory, unless
-    /// `keep_pinned`.
-    ///
-    /// With `keep_pinned`, in-memory children stay referenced in memory: when the whole
-    /// store fits the cache budget, trees stay linked by pointers (see
-    /// `checkpoint::unpin_written_roots`).
+    /// referenced by address, so the copy does not pin them in memory: reads reach
+    /// them through the page cache, in their packed form.
     ///
     /// A child is named by address only if its reference count is in the table by
     /// that address, i.e. it was made dirty in an epoch up to `merged_through` (see
     /// `btree::refcount`).
-    pub(crate) fn dirty_copy(&self, epoch: u64, keep_pinned: bool, merged_through: u64) -> Node {
+    pub(crate) fn dirty_copy(&self, epoch: u64, merged_through: u64) -> Node {
         let body = match &self.body {
             Body::Leaf(entries) => Body::Leaf(entries.clone()),
             Body::Branch(entries) => Body::Branch(
@@ -277,9 +273,7 @@ impl Node {
                     .map(|e| BranchEntry {
                         key: e.key.clone(),
                         child: match &e.child {
-                            Child::Mem(n) if !keep_pinned && n.epoch <= merged_through => {
-                                e.child.unpinned()
-                            }
+                            Child::Mem(n) if n.epoch <= merged_through => e.child.unpinned(),
                             other => other.clone(),
                         },
                     })
@@ -466,8 +460,23 @@ impl Node {
     /// header and structure (the caller checks the parent pointer's checksum, when it
     /// has one). The result is clean, written at `at`.
     pub(crate) fn decode(buf: Vec<u8>, at: BlockRef) -> Result<Node> {
+        Self::parse(buf, at, true)
+    }
+
+    /// [`Node::decode`] of bytes just checked against `at.crc`, which covers all of
+    /// them: the node's own checksum would only say the same again.
+    pub(crate) fn decode_checked(buf: Vec<u8>, at: BlockRef) -> Result<Node> {
+        debug_assert_eq!(
+            crc(&buf),
+            at.crc,
+            "the caller checked the pointer's checksum"
+        );
+        Self::parse(buf, at, false)
+    }
+
+    fn parse(buf: Vec<u8>, at: BlockRef, self_checksum: bool) -> Result<Node> {
         let size = buf.len();
-        let (level, packed) = Packed::parse(buf, at.addr)?;
+        let (level, packed) = Packed::parse(buf, at.addr, self_checksum)?;
         let node = Node {
             level,
             body: Body::Packed(packed),

@@ -43,8 +43,6 @@ pub(crate) struct WriteCtx<'a> {
     /// Of those, bytes of copies of written nodes: memory holding entries that were
     /// on disk (the rest of a transaction's dirty memory is the entries it added).
     pub copied_written_bytes: &'a mut u64,
-    /// Whether copies keep in-memory children linked (the store fits its cache).
-    pub keep_pinned: bool,
     /// The committed reference counts.
     pub refs: &'a RefCounts,
     /// This transaction's changes to them.
@@ -64,7 +62,7 @@ impl WriteCtx<'_> {
     }
 
     fn copy(&self, node: &Node) -> Node {
-        node.dirty_copy(self.epoch, self.keep_pinned, self.refs.merged_through)
+        node.dirty_copy(self.epoch, self.refs.merged_through)
     }
 
     fn count(&self, t: &Target<'_>) -> u32 {
@@ -140,10 +138,12 @@ impl WriteCtx<'_> {
         Ok(())
     }
 
-    /// Frees the written node at `r`: its bytes, and its back references.
+    /// Frees the written node at `r`: its bytes, its back references, and its place
+    /// in the page cache.
     fn free_written(&mut self, r: BlockRef) {
         self.delta.free(r);
         end_backrefs(self.backrefs, r);
+        self.loader.cache.remove(r.addr);
     }
 }
 

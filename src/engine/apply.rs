@@ -46,12 +46,7 @@ pub(crate) struct Changes {
 
 impl Changes {
     /// A write context over `w`'s committed counts that records into `self`.
-    pub(crate) fn ctx<'a>(
-        &'a mut self,
-        w: &'a WriterState,
-        loader: Loader<'a>,
-        keep_pinned: bool,
-    ) -> WriteCtx<'a> {
+    pub(crate) fn ctx<'a>(&'a mut self, w: &'a WriterState, loader: Loader<'a>) -> WriteCtx<'a> {
         WriteCtx {
             loader,
             epoch: w.epoch,
@@ -59,7 +54,6 @@ impl Changes {
             superseded: &mut self.superseded,
             dirtied_bytes: &mut self.dirtied_bytes,
             copied_written_bytes: &mut self.copied_written_bytes,
-            keep_pinned,
             refs: &w.refs,
             rc: &mut self.rc,
             backrefs: &mut self.backrefs,
@@ -102,11 +96,10 @@ impl WriterState {
     pub(crate) fn edit<T>(
         &mut self,
         loader: Loader<'_>,
-        keep_pinned: bool,
         f: impl FnOnce(&mut WriteCtx<'_>) -> Result<T>,
     ) -> Result<T> {
         let mut changes = Changes::default();
-        let result = f(&mut changes.ctx(self, loader, keep_pinned));
+        let result = f(&mut changes.ctx(self, loader));
         changes.merge_into(self);
         result
     }
@@ -140,7 +133,6 @@ pub(crate) fn apply_op(
 pub(crate) fn apply_record(
     w: &mut WriterState,
     loader: Loader<'_>,
-    keep_pinned: bool,
     record: &Record<'_>,
     lsn: Lsn,
 ) -> Result<()> {
@@ -154,7 +146,7 @@ pub(crate) fn apply_record(
                 return Err(Error::corrupted("wal", "batch for a read-only version"));
             }
             let mut root = version.root.take();
-            let result = w.edit(loader, keep_pinned, |ctx| {
+            let result = w.edit(loader, |ctx| {
                 for op in batch.ops() {
                     apply_op(&mut root, &op?, ctx)?;
                 }
@@ -173,7 +165,7 @@ pub(crate) fn apply_record(
                     format!("drop of unknown version {id}"),
                 ));
             }
-            drop_version(w, loader, keep_pinned, VersionId(*id));
+            drop_version(w, loader, VersionId(*id));
             Ok(())
         }
         Record::CheckpointCommit { .. } => Err(Error::corrupted(
@@ -246,12 +238,7 @@ pub(crate) fn create_version(w: &mut WriterState, op: &VersionOp, lsn: Lsn) -> R
 /// with other parents lose one; in-memory nodes with none are released at once; written
 /// ones go onto the drop queue for the background walk. Versions made from it are
 /// re-linked to its parent, so the tree of versions stays connected.
-pub(crate) fn drop_version(
-    w: &mut WriterState,
-    loader: Loader<'_>,
-    keep_pinned: bool,
-    id: VersionId,
-) {
+pub(crate) fn drop_version(w: &mut WriterState, loader: Loader<'_>, id: VersionId) {
     let Some(at) = w.catalog.versions.iter().position(|v| v.id == id) else {
         return;
     };
@@ -265,7 +252,7 @@ pub(crate) fn drop_version(
         let mut queue: Vec<BlockRef> = Vec::new();
         // Releasing a root reads nothing (written nodes are queued, not loaded), so
         // this edit cannot fail.
-        let _ = w.edit(loader, keep_pinned, |ctx| {
+        let _ = w.edit(loader, |ctx| {
             ctx.release_node(root.as_ref(), &mut queue);
             Ok(())
         });
@@ -274,14 +261,9 @@ pub(crate) fn drop_version(
 }
 
 /// Frees up to `budget` queued nodes of dropped versions. Returns whether work remains.
-pub(crate) fn drop_step(
-    w: &mut WriterState,
-    loader: Loader<'_>,
-    keep_pinned: bool,
-    budget: usize,
-) -> Result<bool> {
+pub(crate) fn drop_step(w: &mut WriterState, loader: Loader<'_>, budget: usize) -> Result<bool> {
     let mut queue = std::mem::take(&mut w.drop_queue);
-    let result = w.edit(loader, keep_pinned, |ctx| {
+    let result = w.edit(loader, |ctx| {
         for _ in 0..budget {
             let Some(r) = queue.pop() else { break };
             if let Err(e) = ctx.release_queued(r, &mut queue) {

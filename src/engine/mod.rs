@@ -210,9 +210,6 @@ pub(crate) struct Shared {
     /// the LSN can reach them.
     pub pending_deletes: Mutex<Vec<PendingDelete>>,
     pub poisoned: Mutex<Option<String>>,
-    /// Whether the live data is small enough for trees to stay linked in memory
-    /// ([`fits_pinned`]); updated by every checkpoint.
-    pub keep_pinned: AtomicBool,
     pub background: Arc<Signal>,
     /// Mirrors `durable.sb.generation`, readable without waiting for a checkpoint.
     pub durable_generation: AtomicU64,
@@ -222,24 +219,12 @@ pub(crate) struct Shared {
     pub _process_lock: Arc<dyn crate::io::StoreLock>,
 }
 
-/// Whether a store whose live data is `live_bytes` keeps its trees pinned in memory
-/// with a cache of `cache_bytes`: below an eighth of the budget (decoded nodes take
-/// several times their packed size), pinning costs nothing the cache would not, and
-/// reads follow pointers instead of hashing every address.
-pub(crate) fn fits_pinned(live_bytes: u64, cache_bytes: u64) -> bool {
-    live_bytes.saturating_mul(8) < cache_bytes
-}
-
 impl Shared {
     pub(crate) fn loader(&self) -> Loader<'_> {
         Loader {
             cache: &self.cache,
             segments: &self.segments,
         }
-    }
-
-    pub(crate) fn keep_pinned(&self) -> bool {
-        self.keep_pinned.load(Ordering::Relaxed)
     }
 
     pub(crate) fn check_writable(&self) -> Result<()> {
