@@ -84,6 +84,21 @@ impl Engine for Cambium {
         Ok(sum)
     }
 
+    fn scan_txn(&mut self) -> Res<(u64, u64)> {
+        // The borrowing iterator (`next_ref`): keys and inline values are slices of the
+        // cached node, as redb's guards and LMDB's slices are; the owned `Iterator` would
+        // allocate two `Vec`s per entry. The iterator holds the snapshot itself, so the
+        // `ReadTxn` temporary may go.
+        let mut it = self.store.read()?.iter()?;
+        let (mut entries, mut sum) = (0u64, 0u64);
+        while let Some(kv) = it.next_ref() {
+            let (k, v) = kv?;
+            entries += 1;
+            sum += (k.len() + v.len()) as u64;
+        }
+        Ok((entries, sum))
+    }
+
     fn progress(&self) -> Option<String> {
         let s = self.store.stats().ok()?;
         Some(format!(
@@ -195,6 +210,19 @@ impl Engine for Redb {
         Ok(sum)
     }
 
+    fn scan_txn(&mut self) -> Res<(u64, u64)> {
+        use redb::{ReadableDatabase, ReadableTable};
+        let txn = self.db.begin_read()?;
+        let t = txn.open_table(REDB_TABLE)?;
+        let (mut entries, mut sum) = (0u64, 0u64);
+        for kv in t.iter()? {
+            let (k, v) = kv?;
+            entries += 1;
+            sum += (k.value().len() + v.value().len()) as u64;
+        }
+        Ok((entries, sum))
+    }
+
     fn close(self) -> Res<()> {
         drop(self.db);
         Ok(())
@@ -276,6 +304,17 @@ impl Engine for Lmdb {
             }
         }
         Ok(sum)
+    }
+
+    fn scan_txn(&mut self) -> Res<(u64, u64)> {
+        let txn = self.env.read_txn()?;
+        let (mut entries, mut sum) = (0u64, 0u64);
+        for kv in self.db.iter(&txn)? {
+            let (k, v) = kv?;
+            entries += 1;
+            sum += (k.len() + v.len()) as u64;
+        }
+        Ok((entries, sum))
     }
 
     fn close(self) -> Res<()> {
@@ -384,6 +423,19 @@ impl Engine for Sanakirja {
             }
         }
         Ok(sum)
+    }
+
+    fn scan_txn(&mut self) -> Res<(u64, u64)> {
+        let txn = sanakirja::Env::txn_begin(self.env.clone()).map_err(sk)?;
+        let db = Self::db(&txn)?;
+        let (mut entries, mut sum) = (0u64, 0u64);
+        // No origin: from the first binding.
+        for kv in sanakirja::btree::iter(&txn, &db, None).map_err(sk)? {
+            let (k, v) = kv.map_err(sk)?;
+            entries += 1;
+            sum += (k.len() + v.len()) as u64;
+        }
+        Ok((entries, sum))
     }
 
     fn close(self) -> Res<()> {

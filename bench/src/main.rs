@@ -28,6 +28,8 @@ USAGE: cargo run --release -p cambium-bench -- [FLAGS]
   --runs N              rounds; every engine runs once per round and configuration, round
                         r starting with engine r mod (engines) (default 3)
   --n N                 keys in the bulk load (default 1000000)
+  --bulk-txn N          pairs per durable txn in the bulk load: the same n pairs committed
+                        every N (default n: one txn), then one checkpoint
   --engines LIST        comma list of cambium,redb,lmdb,sanakirja (default all four)
   --config C            defaults (each engine's default options), equal (a 4 GiB cache or
                         map for every engine) or both (default both)
@@ -56,6 +58,8 @@ const ALL_ENGINES: [&str; 4] = ["cambium", "redb", "lmdb", "sanakirja"];
 struct Config {
     runs: usize,
     n: u64,
+    /// `--bulk-txn`: pairs per bulk-load transaction (None: all n in one).
+    bulk_txn: Option<u64>,
     engines: Vec<String>,
     /// The configurations to run, as `Tuning::equal`: false = defaults, true = equal.
     configs: Vec<bool>,
@@ -74,6 +78,19 @@ struct Config {
 }
 
 impl Config {
+    /// Pairs per bulk-load transaction, at most n.
+    fn bulk_txn(&self) -> u64 {
+        self.bulk_txn.unwrap_or(self.n).clamp(1, self.n.max(1))
+    }
+    /// Transactions the bulk load commits (the last one may be short).
+    fn bulk_txns(&self) -> u64 {
+        self.n.div_ceil(self.bulk_txn())
+    }
+    /// Entries in the store when the full scans run: every insert so far (the keys of the
+    /// three write phases come from different seeds, so none repeats), nothing removed yet.
+    fn scan_entries(&self) -> u64 {
+        self.n + self.individual_writes + self.batch_txns * self.batch_size
+    }
     fn range_scans(&self) -> u64 {
         self.range_scans.unwrap_or(self.n / 2)
     }
@@ -111,6 +128,7 @@ fn parse_args() -> Result<Config, String> {
     let mut c = Config {
         runs: 3,
         n: 1_000_000,
+        bulk_txn: None,
         engines: ALL_ENGINES.iter().map(|s| s.to_string()).collect(),
         configs: vec![false, true],
         individual_writes: 1000,
@@ -138,6 +156,7 @@ fn parse_args() -> Result<Config, String> {
         match a.as_str() {
             "--runs" => runs = Some(num::<usize>(&a, args.next())?.max(1)),
             "--n" => n = Some(num::<u64>(&a, args.next())?.max(1)),
+            "--bulk-txn" => c.bulk_txn = Some(num::<u64>(&a, args.next())?.max(1)),
             "--engines" => {
                 let v = args.next().ok_or("--engines needs a value")?;
                 c.engines = v
@@ -207,12 +226,14 @@ enum W {
     RandomReads,
     RangeReads1,
     RangeReads,
+    FullScan1,
+    FullScan,
     Removals,
     Close,
     Total,
 }
 
-const WORKLOADS: [W; 10] = [
+const WORKLOADS: [W; 12] = [
     W::BulkLoad,
     W::IndividualWrites,
     W::BatchWrites,
@@ -220,6 +241,8 @@ const WORKLOADS: [W; 10] = [
     W::RandomReads,
     W::RangeReads1,
     W::RangeReads,
+    W::FullScan1,
+    W::FullScan,
     W::Removals,
     W::Close,
     W::Total,
@@ -235,6 +258,8 @@ impl W {
             W::RandomReads => "random_reads",
             W::RangeReads1 => "range_reads_pass1",
             W::RangeReads => "range_reads",
+            W::FullScan1 => "full_scan_pass1",
+            W::FullScan => "full_scan",
             W::Removals => "removals",
             W::Close => "close",
             W::Total => "total",
@@ -245,7 +270,15 @@ impl W {
     }
     fn label(self, c: &Config) -> String {
         match self {
-            W::BulkLoad => format!("bulk load ({} inserts, 1 txn) + checkpoint", sep(c.n)),
+            W::BulkLoad => {
+                let t = c.bulk_txns();
+                format!(
+                    "bulk load ({} inserts, {} {}) + checkpoint",
+                    sep(c.n),
+                    sep(t),
+                    if t == 1 { "txn" } else { "txns" }
+                )
+            }
             W::IndividualWrites => {
                 format!(
                     "individual writes ({} txns × 1 insert) + checkpoint",
@@ -265,12 +298,14 @@ impl W {
                 sep(c.range_scans()),
                 c.range_len
             ),
+            W::FullScan1 => "full scan, first pass (info)".into(),
+            W::FullScan => format!("full scan ({} entries, second pass)", sep(c.scan_entries())),
             W::Removals => format!(
                 "removals ({} deletes, 1 txn) + checkpoint",
                 sep(c.removals())
             ),
             W::Close => "close".into(),
-            W::Total => "**total: the 6 phases (second read passes) + close**".into(),
+            W::Total => "**total: the 7 phases (second read passes) + close**".into(),
         }
     }
     /// Operations counted for ops/s (0: a duration only).
@@ -280,13 +315,17 @@ impl W {
             W::IndividualWrites => c.individual_writes,
             W::BatchWrites => c.batch_txns * c.batch_size,
             W::RangeReads | W::RangeReads1 => c.range_scans(),
+            W::FullScan | W::FullScan1 => c.scan_entries(),
             W::Removals => c.removals(),
             W::Close | W::Total => 0,
         }
     }
     /// Counted in the total (the first read passes are not).
     fn in_total(self) -> bool {
-        !matches!(self, W::RandomReads1 | W::RangeReads1 | W::Total)
+        !matches!(
+            self,
+            W::RandomReads1 | W::RangeReads1 | W::FullScan1 | W::Total
+        )
     }
 }
 
@@ -405,8 +444,16 @@ fn run_engine<E: Engine>(c: &Config, equal: bool, rep: usize) -> Res<RunResult> 
         // Every write phase ends with a checkpoint inside its timer, so that tree writes
         // cambium defers from its (WAL-durable) commits are charged to the phase that
         // caused them; the peers write their trees in each commit (a no-op for them).
+        // The bulk load is one stream of n pairs, committed every `--bulk-txn` of them.
+        let chunk = c.bulk_txn();
         timed(W::BulkLoad, &mut out, || {
-            e.insert_txn(pairs(SEED_MAIN, n))?;
+            let mut stream = pairs(SEED_MAIN, n);
+            let mut left = n;
+            while left > 0 {
+                let k = left.min(chunk);
+                e.insert_txn(stream.by_ref().take(k as usize))?;
+                left -= k;
+            }
             e.checkpoint()
         })?;
         progress(&e);
@@ -462,6 +509,24 @@ fn run_engine<E: Engine>(c: &Config, equal: bool, rep: usize) -> Res<RunResult> 
             progress(&e);
             if scans > 0 && sum == 0 {
                 return Err("range reads returned nothing".into());
+            }
+        }
+
+        // Every entry inserted so far, in key order: the engines' leaf walk.
+        let entries = c.scan_entries();
+        let entry_bytes = (workload::KEY_SIZE + workload::VALUE_SIZE) as u64;
+        for w in [W::FullScan1, W::FullScan] {
+            let (got, sum) = timed(w, &mut out, || e.scan_txn())?;
+            progress(&e);
+            if got != entries || sum != entries * entry_bytes {
+                return Err(format!(
+                    "full scan: {} entries, {} bytes; expected {} entries, {} bytes",
+                    sep(got),
+                    sep(sum),
+                    sep(entries),
+                    sep(entries * entry_bytes)
+                )
+                .into());
             }
         }
 
@@ -932,10 +997,10 @@ fn report(
         o,
         "\nRatios are peer time / cambium time (= cambium throughput / peer throughput), and for \
          memory and sizes peer bytes / cambium bytes: **> 1.0 means cambium is faster (or \
-         smaller)**. Range-read ops are scans. Write phases end with cambium's `checkpoint()` \
-         inside the timer (the peers write their trees in every commit). The total is the \
-         median over rounds of each round's sum of the six phases (second read passes) and \
-         close. RSS is per child process (one engine); RssFile counts mapped file pages \
+         smaller)**. Range-read ops are scans; full-scan ops are the entries read. Write \
+         phases end with cambium's `checkpoint()` inside the timer (the peers write their \
+         trees in every commit). The total is the median over rounds of each round's sum of \
+         the seven phases (second read passes) and close. RSS is per child process (one engine); RssFile counts mapped file pages \
          (LMDB's and Sanakirja's reads), which the pread-based engines keep in the OS page \
          cache outside their RSS."
     );
@@ -970,21 +1035,32 @@ fn report(
                 )
             })
         };
-        target(
-            "random reads vs LMDB".into(),
-            ratio("lmdb", W::RandomReads),
-            1.0,
-        );
-        target(
-            "batch writes (+ checkpoint) vs redb".into(),
-            ratio("redb", W::BatchWrites),
-            1.5,
-        );
-        target(
-            "individual durable writes (+ checkpoint) vs redb".into(),
-            ratio("redb", W::IndividualWrites),
-            1.0,
-        );
+        // The issue's goals: reads against LMDB (the fastest reader), writes against redb
+        // (the closest design), the bulk load against both.
+        let goals: [(&str, &str, W, f64); 9] = [
+            ("random reads vs LMDB", "lmdb", W::RandomReads, 1.0),
+            ("range reads vs LMDB", "lmdb", W::RangeReads, 1.0),
+            ("full scan vs LMDB", "lmdb", W::FullScan, 1.0),
+            ("bulk load (+ checkpoint) vs redb", "redb", W::BulkLoad, 1.5),
+            ("bulk load (+ checkpoint) vs LMDB", "lmdb", W::BulkLoad, 1.0),
+            (
+                "batch writes (+ checkpoint) vs redb",
+                "redb",
+                W::BatchWrites,
+                1.5,
+            ),
+            ("removals (+ checkpoint) vs redb", "redb", W::Removals, 1.5),
+            (
+                "individual durable writes (+ checkpoint) vs redb",
+                "redb",
+                W::IndividualWrites,
+                1.0,
+            ),
+            ("total vs LMDB", "lmdb", W::Total, 1.2),
+        ];
+        for (name, peer, w, need) in goals {
+            target(name.into(), ratio(peer, w), need);
+        }
         let size_ratio = |i: usize| {
             s.size.get("redb").map(|r| {
                 let c = s.size["cambium"];
@@ -1169,10 +1245,12 @@ fn main() {
         let j = serde_json::json!({
             "machine": mach,
             "config": {
-                "runs": c.runs, "n": c.n, "key_size": workload::KEY_SIZE,
+                "runs": c.runs, "n": c.n, "bulk_txn": c.bulk_txn(),
+                "bulk_txns": c.bulk_txns(), "key_size": workload::KEY_SIZE,
                 "value_size": workload::VALUE_SIZE, "individual_writes": c.individual_writes,
                 "batch_txns": c.batch_txns, "batch_size": c.batch_size,
                 "range_scans": c.range_scans(), "range_len": c.range_len,
+                "full_scan_entries": c.scan_entries(),
                 "removals": c.removals(), "engines": c.engines, "dir": c.dir,
                 "cambium_cache_bytes_override": c.cambium_cache_bytes,
             },

@@ -103,6 +103,12 @@ pub trait Engine: Sized {
     /// read transaction. Returns the sum of key+value lengths read.
     fn range_txn(&mut self, keys: impl Iterator<Item = Key>, len: usize) -> Res<u64>;
 
+    /// Every entry of the table, in key order, in one read transaction, through the
+    /// engine's cheapest iterator (borrowed keys and values where it has one, so the scan
+    /// measures the tree walk, not copies). Returns (entries, sum of key+value lengths),
+    /// which the harness checks against what it inserted.
+    fn scan_txn(&mut self) -> Res<(u64, u64)>;
+
     /// Write out whatever the engine deferred from earlier commits (cambium: `checkpoint()`,
     /// which writes the B+tree; the peers write their trees in every commit: nothing to do).
     fn checkpoint(&mut self) -> Res<()> {
