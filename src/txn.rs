@@ -434,10 +434,6 @@ pub struct Iter {
     upper: Bound<Vec<u8>>,
     front: Option<Cursor>,
     back: Option<Cursor>,
-    /// The last keys yielded from each end, so the two ends stop where they meet
-    /// (buffers reused from step to step).
-    last_front: Option<Vec<u8>>,
-    last_back: Option<Vec<u8>>,
     /// An out-of-line value read for `next_ref`, which lends it out.
     extent_buf: Vec<u8>,
     keys_only: bool,
@@ -468,17 +464,6 @@ fn below(key: &[u8], lower: &Bound<Vec<u8>>) -> bool {
     }
 }
 
-/// Remembers `key` in `slot`, reusing its buffer.
-fn remember(slot: &mut Option<Vec<u8>>, key: &[u8]) {
-    match slot {
-        Some(buf) => {
-            buf.clear();
-            buf.extend_from_slice(key);
-        }
-        None => *slot = Some(key.to_vec()),
-    }
-}
-
 impl Iter {
     fn new(txn: &ReadTxn, lower: Bound<Vec<u8>>, upper: Bound<Vec<u8>>) -> Iter {
         Iter {
@@ -489,8 +474,6 @@ impl Iter {
             upper,
             front: None,
             back: None,
-            last_front: None,
-            last_back: None,
             extent_buf: Vec::new(),
             keys_only: false,
             done: false,
@@ -541,10 +524,10 @@ impl Iter {
             cache: &self.shared.cache,
             segments: &self.shared.segments,
         };
-        let cursor = if forward {
-            &mut self.front
+        let (cursor, other) = if forward {
+            (&mut self.front, &self.back)
         } else {
-            &mut self.back
+            (&mut self.back, &self.front)
         };
         match cursor {
             None => {
@@ -570,20 +553,16 @@ impl Iter {
         let Some((key, _)) = c.current() else {
             return Ok(false);
         };
+        // The other end, if it has started, sits on the last entry it yielded (a
+        // cursor only moves past an entry it does not yield when the iteration ends):
+        // the two ends stop where they meet.
+        let met = other.as_ref().and_then(Cursor::current).map(|(k, _)| k);
         let out_of_range = if forward {
-            above(key, &self.upper) || self.last_back.as_deref().is_some_and(|b| key >= b)
+            above(key, &self.upper) || met.is_some_and(|b| key >= b)
         } else {
-            below(key, &self.lower) || self.last_front.as_deref().is_some_and(|f| key <= f)
+            below(key, &self.lower) || met.is_some_and(|f| key <= f)
         };
-        if out_of_range {
-            return Ok(false);
-        }
-        if forward {
-            remember(&mut self.last_front, key);
-        } else {
-            remember(&mut self.last_back, key);
-        }
-        Ok(true)
+        Ok(!out_of_range)
     }
 
     /// Steps one end, turning the end of the range or an error into the iterator's end.

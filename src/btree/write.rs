@@ -161,6 +161,23 @@ pub(crate) fn node_children(node: &Node) -> impl Iterator<Item = BlockRef> + '_ 
 
 /// Makes the node behind `slot` writable by this transaction and returns it.
 pub(crate) fn shadow<'c>(slot: &'c mut Child, ctx: &mut WriteCtx<'_>) -> Result<&'c mut Node> {
+    // The common case, first and without a reference-count lookup: a node this
+    // transaction already made dirty in this epoch and alone holds. A dirty node has
+    // no address, so every parent holds it through an `Arc`: a single holder means a
+    // single parent (a count of one), and no reader or version can see it.
+    let exclusive = match slot {
+        Child::Mem(a) => {
+            a.epoch == ctx.epoch && a.disk.get().is_none() && Arc::get_mut(a).is_some()
+        }
+        Child::Disk(_) => false,
+    };
+    if exclusive {
+        debug_assert_eq!(ctx.count(&ctx.refs.target(slot)), 1);
+        let Child::Mem(a) = slot else {
+            unreachable!("checked above")
+        };
+        return Ok(Arc::get_mut(a).expect("checked above"));
+    }
     let copy = match ctx.refs.target(slot) {
         Target::Block(r) => {
             let node = match slot {
