@@ -9,7 +9,7 @@ use std::time::Duration;
 #[derive(Clone)]
 pub struct Options {
     /// Page cache budget in bytes: what the cached nodes occupy in memory, about 1.1
-    /// times their size on disk (a node's bytes, 8 bytes per entry, ~150 bytes of
+    /// times their size on disk (a node's bytes, 12 bytes per entry, ~150 bytes of
     /// bookkeeping). The default, 256 MiB, holds ~230 MiB of tree (a million 24-byte
     /// keys with 150-byte values); give it 1.1 times the tree's size for reads that
     /// never wait on the disk.
