@@ -241,15 +241,16 @@ pub struct Lmdb {
 impl Engine for Lmdb {
     const NAME: &'static str = "lmdb";
 
-    fn create(dir: &Path, _: &Tuning) -> Res<Self> {
+    fn create(dir: &Path, tuning: &Tuning) -> Res<Self> {
         let path = dir.join("lmdb");
         std::fs::create_dir_all(&path)?;
         // SAFETY: a fresh directory only this process uses; default (durable) flags.
-        // The map is 4 GiB in both configurations: LMDB's default (10 MiB) cannot hold
-        // the data, and the map size is a limit, not memory (the OS page cache is LMDB's).
+        // The map is 4 GiB (more for more than 4M keys) in both configurations: LMDB's
+        // default (10 MiB) cannot hold the data, and the map size is a limit, not memory
+        // (the OS page cache is LMDB's).
         let env = unsafe {
             heed::EnvOpenOptions::new()
-                .map_size(EQUAL_BUDGET)
+                .map_size(tuning.map_bytes)
                 .open(&path)?
         };
         let wtxn = env.write_txn()?;
@@ -349,12 +350,13 @@ impl Sanakirja {
 impl Engine for Sanakirja {
     const NAME: &'static str = "sanakirja";
 
-    fn create(dir: &Path, _: &Tuning) -> Res<Self> {
+    fn create(dir: &Path, tuning: &Tuning) -> Res<Self> {
         use sanakirja::Commit;
         // The same initial map size as LMDB's map in both configurations (the file grows
         // as needed; Sanakirja has no default, and no cache of its own: the OS page cache).
         let env = std::sync::Arc::new(
-            sanakirja::Env::new(dir.join("sanakirja.db"), EQUAL_BUDGET as u64, 2).map_err(sk)?,
+            sanakirja::Env::new(dir.join("sanakirja.db"), tuning.map_bytes as u64, 2)
+                .map_err(sk)?,
         );
         let mut txn = sanakirja::Env::mut_txn_begin(env.clone()).map_err(sk)?;
         // SAFETY: a fresh tree in a fresh environment, only ever read back as `SDb`.

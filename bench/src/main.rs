@@ -101,6 +101,7 @@ impl Config {
         Tuning {
             equal,
             cambium_cache_bytes: self.cambium_cache_bytes,
+            map_bytes: workload::map_bytes(self.n),
         }
     }
 }

@@ -80,6 +80,14 @@ pub struct Tuning {
     pub equal: bool,
     /// Overrides cambium's `Options::cache_bytes` in either configuration (a diagnosis knob).
     pub cambium_cache_bytes: Option<usize>,
+    /// LMDB's and Sanakirja's map size: [`EQUAL_BUDGET`], or 1 KiB per key when that is
+    /// larger (a 4 GiB map cannot hold 10M keys and a large removal transaction's copies).
+    pub map_bytes: usize,
+}
+
+/// The map size for a run of `n` keys (see [`Tuning::map_bytes`]).
+pub fn map_bytes(n: u64) -> usize {
+    EQUAL_BUDGET.max(usize::try_from(n.saturating_mul(1024)).unwrap_or(usize::MAX))
 }
 
 /// One benchmarked engine. Every write method is one durable transaction.
