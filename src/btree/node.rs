@@ -520,12 +520,12 @@ impl Node {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     use crate::format::{Addr, SegmentId};
 
-    fn at(len: usize) -> BlockRef {
+    pub(crate) fn at(len: usize) -> BlockRef {
         BlockRef {
             addr: Addr::new(SegmentId(1), 64),
             len: len_u32(len),

@@ -295,17 +295,11 @@ mod tests {
     //! parse to an error or to a node that never answers with a wrong key.
     use super::*;
     use crate::btree::node::{BranchEntry, Child, Key, LeafEntry, Node, Value, OFF_CRC};
-    use crate::format::{len_u32, SegmentId};
+
     use crate::io::sim::SplitMix;
     use std::collections::BTreeMap;
 
-    fn at(len: usize) -> BlockRef {
-        BlockRef {
-            addr: Addr::new(SegmentId(1), 64),
-            len: len_u32(len),
-            crc: 0,
-        }
-    }
+    use crate::btree::node::tests::at;
 
     fn block(rng: &mut SplitMix) -> BlockRef {
         BlockRef {
