@@ -118,7 +118,23 @@ impl Segments {
         let mut unwritten = BTreeSet::new();
         let mut strays = BTreeMap::new();
         for &id in &ids {
-            let file = vfs.open(&id.file_name())?;
+            let name = id.file_name();
+            let file = match vfs.open(&name) {
+                Ok(file) => file,
+                // A reader beside a writer: a segment deleted since the listing (gone
+                // from the directory, unlike a dangling link) is one that no checkpoint
+                // from then on needs. If the state this reader goes on to load is
+                // older and needed it, a checkpoint landed meanwhile and the open
+                // starts over (`recovery::open_reader`).
+                Err(e)
+                    if read_only
+                        && e.kind() == std::io::ErrorKind::NotFound
+                        && !vfs.list()?.contains(&name) =>
+                {
+                    continue
+                }
+                Err(e) => return Err(e.into()),
+            };
             match Self::check_header(&*file, id)? {
                 Header::Valid => {}
                 Header::Unwritten => {
