@@ -30,7 +30,7 @@ use crate::limits::{check_key, check_value, prefix_successor, INLINE_VALUE_MAX};
 use crate::options::Durability;
 use crate::wal::{BatchWriter, Op};
 use std::ops::{Bound, RangeBounds};
-use std::sync::{Arc, MutexGuard};
+use std::sync::{Arc, MutexGuard, OnceLock};
 
 mod spill;
 
@@ -317,6 +317,9 @@ pub struct ReadTxn {
     shared: Arc<Shared>,
     view: Arc<View>,
     root: Option<Child>,
+    /// The root node, once a lookup has loaded it: held for the transaction's life,
+    /// so that lookups need not find it in the page cache each time.
+    root_node: OnceLock<Child>,
 }
 
 impl std::fmt::Debug for ReadTxn {
@@ -335,17 +338,37 @@ impl ReadTxn {
             .root(version)
             .ok_or_else(|| Error::VersionNotFound(version.to_owned()))?
             .clone();
-        Ok(ReadTxn { shared, view, root })
+        Ok(ReadTxn {
+            shared,
+            view,
+            root,
+            root_node: OnceLock::new(),
+        })
     }
 
     fn loader(&self) -> Loader<'_> {
         self.shared.loader()
     }
 
+    /// The root to start a lookup at: in memory once loaded (a failed load is the
+    /// lookup's error, and the next lookup tries again).
+    fn root(&self) -> Result<Option<&Child>> {
+        match &self.root {
+            Some(Child::Disk(r)) => {
+                if let Some(node) = self.root_node.get() {
+                    return Ok(Some(node));
+                }
+                let node = Child::Mem(self.loader().load(*r)?);
+                Ok(Some(self.root_node.get_or_init(|| node)))
+            }
+            other => Ok(other.as_ref()),
+        }
+    }
+
     /// The value of `key`, if present.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let loader = self.loader();
-        btree::get_with(loader, self.root.as_ref(), key, |v| loader.value(v))
+        btree::get_with(loader, self.root()?, key, |v| loader.value(v))
     }
 
     /// Runs `f` on the value of `key`, if present, borrowed: an inline value straight
@@ -362,7 +385,7 @@ impl ReadTxn {
     /// ```
     pub fn get_with<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
         let loader = self.loader();
-        btree::get_with(loader, self.root.as_ref(), key, |v| match v {
+        btree::get_with(loader, self.root()?, key, |v| match v {
             ValueRef::Inline(bytes) => Ok(f(bytes)),
             ValueRef::Extent(r) => Ok(f(&loader.extent(r)?)),
         })
@@ -370,7 +393,7 @@ impl ReadTxn {
 
     /// Whether `key` is present (never reads an out-of-line value).
     pub fn contains_key(&self, key: &[u8]) -> Result<bool> {
-        btree::contains(self.loader(), self.root.as_ref(), key)
+        btree::contains(self.loader(), self.root()?, key)
     }
 
     /// The pairs whose keys fall in `range`, in key order (`.rev()` for reverse).
@@ -469,7 +492,12 @@ impl Iter {
         Iter {
             shared: txn.shared.clone(),
             _view: txn.view.clone(),
-            root: txn.root.clone(),
+            // The root in memory, so that a seek need not find it in the page cache;
+            // if it cannot be loaded, by address: the iteration reports the error.
+            root: match txn.root() {
+                Ok(root) => root.cloned(),
+                Err(_) => txn.root.clone(),
+            },
             lower,
             upper,
             front: None,
