@@ -40,7 +40,7 @@
 
 use crate::backref::{WriteStore, MAX_RUNS};
 use crate::btree::end_backrefs;
-use crate::btree::node::{Body, Child, Node, Value, NODE_MAGIC};
+use crate::btree::node::{Body, Child, Node, ValueRef, NODE_MAGIC};
 use crate::btree::refcount::{RcDelta, Target};
 use crate::btree::walk::{walk, At, Visitor};
 use crate::checkpoint;
@@ -897,11 +897,11 @@ impl Mover<'_> {
                     }
                 }
             }
-            Body::Leaf(entries) => {
-                for e in entries {
-                    if let Value::Extent(r) = e.value {
+            Body::Leaf(leaf) => {
+                for i in 0..leaf.len() {
+                    if let ValueRef::Extent(r) = leaf.value(i) {
                         if (self.pick)(r) || self.extents.contains_key(&r.addr) {
-                            e.value = Value::Extent(self.move_extent(r)?);
+                            leaf.set_value(i, ValueRef::Extent(self.move_extent(r)?));
                             *self.rewired.entry(r.addr).or_default() += 1;
                         }
                     }

@@ -211,15 +211,13 @@ impl PageCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::btree::node::{LeafEntry, Value};
+    use crate::btree::leaf::LeafBuf;
+    use crate::btree::node::ValueRef;
     use crate::format::{BlockRef, SegmentId};
 
     fn leaf(addr: Addr) -> Arc<Node> {
         let n = Node::new_leaf(
-            vec![LeafEntry {
-                key: (&b"k"[..]).into(),
-                value: Value::Inline(vec![0; 1000].into()),
-            }],
+            LeafBuf::from_entries([(&b"k"[..], ValueRef::Inline(&[0; 1000]))]),
             0,
         );
         let _ = n.disk.set(BlockRef {

@@ -66,6 +66,17 @@ impl ValueRef<'_> {
     }
 }
 
+/// The block reference encoded at `at` in `bytes` (`BlockRef::encode`'s field order),
+/// for bytes whose structure was checked already: panics if they end too soon.
+pub(crate) fn read_block_ref(bytes: &[u8], at: usize) -> BlockRef {
+    let field = |from: usize, n: usize| &bytes[at + from..at + from + n];
+    BlockRef {
+        addr: crate::format::Addr(u64::from_le_bytes(field(0, 8).try_into().expect("8 bytes"))),
+        len: u32::from_le_bytes(field(8, 4).try_into().expect("4 bytes")),
+        crc: u32::from_le_bytes(field(12, 4).try_into().expect("4 bytes")),
+    }
+}
+
 /// The first 8 bytes of `bytes`, zero-padded, as a big-endian integer. Zero padding
 /// keeps integer order consistent with byte order: if two heads differ, so do the
 /// byte strings, in the same direction (a shorter one padded with zeros compares at

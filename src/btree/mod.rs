@@ -16,13 +16,14 @@ pub(crate) mod cache;
 pub(crate) mod cursor;
 pub(crate) mod diff;
 mod layout;
+pub(crate) mod leaf;
 pub(crate) mod node;
 pub(crate) mod packed;
 pub(crate) mod refcount;
 pub(crate) mod walk;
 mod write;
 
-pub(crate) use write::{delete, end_backrefs, insert, node_children, WriteCtx};
+pub(crate) use write::{delete, end_backrefs, insert, node_children, OldValue, WriteCtx};
 
 use crate::btree::cache::PageCache;
 use crate::error::{Error, Result};
@@ -186,7 +187,7 @@ pub(crate) fn contains(loader: Loader<'_>, root: Option<&Child>, key: &[u8]) -> 
 
 #[cfg(test)]
 mod tests {
-    use super::node::{Key, LeafEntry, Value};
+    use super::leaf::LeafBuf;
     use super::*;
     use crate::format::SegmentId;
 
@@ -203,10 +204,7 @@ mod tests {
             segments: &segments,
         };
         let leaf = Node::new_leaf(
-            vec![LeafEntry {
-                key: Key::from(&b"k"[..]),
-                value: Value::Inline(b"v"[..].into()),
-            }],
+            LeafBuf::from_entries([(&b"k"[..], ValueRef::Inline(b"v"))]),
             1,
         );
         let mut bytes = Vec::new();

@@ -19,19 +19,20 @@
 //! branch  per entry: key_len u16 | key | BlockRef
 //! ```
 
+use super::leaf::LeafBuf;
 use super::packed::Packed;
 use crate::error::Result;
-use crate::format::{crc, len_u16, len_u32, put_u16, put_u32, put_u8, BlockRef};
+use crate::format::{crc, len_u16, len_u32, put_u16, BlockRef};
 use std::sync::{Arc, OnceLock};
 
 use super::layout::head_of;
 pub(crate) use super::layout::{
     ValueRef, BRANCH_ENTRY_MAX, CRC_FROM, HEADER_SIZE, KIND_BRANCH, KIND_LEAF, LEAF_ENTRY_MAX,
     MAX_DEPTH, MERGE_MAX, NODE_MAGIC, NODE_MAX, NODE_MIN, OFF_COUNT, OFF_CRC, OFF_KIND, OFF_LEVEL,
-    OFF_MAGIC, VALUE_EXTENT, VALUE_INLINE,
+    OFF_MAGIC,
 };
 
-/// A value stored in a leaf: inline bytes (shared between copies of the leaf), or a
+/// A leaf's value held apart from its node (a diff's result): inline bytes, or a
 /// reference to its own extent.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Value {
@@ -40,13 +41,6 @@ pub(crate) enum Value {
 }
 
 impl Value {
-    fn encoded_len(&self) -> usize {
-        match self {
-            Value::Inline(v) => 4 + v.len(),
-            Value::Extent(_) => BlockRef::SIZE,
-        }
-    }
-
     pub(crate) fn as_ref(&self) -> ValueRef<'_> {
         match self {
             Value::Inline(v) => ValueRef::Inline(v),
@@ -181,23 +175,18 @@ impl From<Arc<[u8]>> for Key {
 }
 
 #[derive(Clone, Debug)]
-pub(crate) struct LeafEntry {
-    pub key: Key,
-    pub value: Value,
-}
-
-#[derive(Clone, Debug)]
 pub(crate) struct BranchEntry {
     pub key: Key,
     pub child: Child,
 }
 
-/// A node's entries. Dirty nodes (and copies a writer is editing) hold the editable
-/// form, one allocation per key and value; a node read from disk is `Packed`, its bytes
-/// as written (see `packed.rs`), and is never edited: `Node::dirty_copy` unpacks it.
+/// A node's entries. Dirty nodes (and copies a writer is editing) hold an editable
+/// form: a leaf its entry bytes in one buffer (`leaf.rs`), a branch one entry per
+/// child (children may be in memory); a node read from disk is `Packed`, its bytes as
+/// written (see `packed.rs`), and is never edited: `Node::dirty_copy` unpacks it.
 #[derive(Debug)]
 pub(crate) enum Body {
-    Leaf(Vec<LeafEntry>),
+    Leaf(LeafBuf),
     Branch(Vec<BranchEntry>),
     Packed(Packed),
 }
@@ -216,21 +205,13 @@ pub(crate) struct Node {
     pub disk: OnceLock<BlockRef>,
 }
 
-pub(crate) fn leaf_entry_size(key_len: usize, value: &Value) -> usize {
-    2 + 1 + key_len + value.encoded_len()
-}
-
 pub(crate) fn branch_entry_size(key_len: usize) -> usize {
     2 + key_len + BlockRef::SIZE
 }
 
 impl Node {
-    pub(crate) fn new_leaf(entries: Vec<LeafEntry>, epoch: u64) -> Node {
-        let size = HEADER_SIZE
-            + entries
-                .iter()
-                .map(|e| leaf_entry_size(e.key.len(), &e.value))
-                .sum::<usize>();
+    pub(crate) fn new_leaf(entries: LeafBuf, epoch: u64) -> Node {
+        let size = HEADER_SIZE + entries.encoded_size();
         Node {
             level: 0,
             body: Body::Leaf(entries),
@@ -279,14 +260,7 @@ impl Node {
                     })
                     .collect(),
             ),
-            Body::Packed(p) if self.level == 0 => Body::Leaf(
-                (0..p.len())
-                    .map(|i| LeafEntry {
-                        key: p.key(i).into(),
-                        value: p.value(i).to_owned(),
-                    })
-                    .collect(),
-            ),
+            Body::Packed(p) if self.level == 0 => Body::Leaf(p.to_leaf_buf()),
             Body::Packed(p) => Body::Branch(
                 (0..p.len())
                     .map(|i| BranchEntry {
@@ -324,7 +298,7 @@ impl Node {
     /// Entry `i`'s key. Panics if `i` is out of range, as slice indexing does.
     pub(crate) fn key(&self, i: usize) -> &[u8] {
         match &self.body {
-            Body::Leaf(e) => &e[i].key,
+            Body::Leaf(l) => l.key(i),
             Body::Branch(e) => &e[i].key,
             Body::Packed(p) => p.key(i),
         }
@@ -333,7 +307,7 @@ impl Node {
     /// Leaf entry `i`'s value. Panics on a branch: callers check the level first.
     pub(crate) fn value(&self, i: usize) -> ValueRef<'_> {
         match &self.body {
-            Body::Leaf(e) => e[i].value.as_ref(),
+            Body::Leaf(l) => l.value(i),
             Body::Packed(p) if self.level == 0 => p.value(i),
             _ => panic!("value of a branch entry"),
         }
@@ -353,10 +327,7 @@ impl Node {
     pub(crate) fn search(&self, key: &[u8]) -> std::result::Result<usize, usize> {
         match &self.body {
             Body::Packed(p) => p.search(key),
-            Body::Leaf(e) => {
-                let probe = Probe::new(key);
-                e.binary_search_by(|e| e.key.cmp_probe(&probe))
-            }
+            Body::Leaf(l) => l.search(key),
             Body::Branch(e) => {
                 let probe = Probe::new(key);
                 e.binary_search_by(|e| e.key.cmp_probe(&probe))
@@ -416,24 +387,7 @@ impl Node {
         header[OFF_COUNT..HEADER_SIZE].copy_from_slice(&len_u32(count).to_le_bytes());
         out.extend_from_slice(&header);
         match &self.body {
-            Body::Leaf(entries) => {
-                for e in entries {
-                    put_u16(out, len_u16(e.key.len()));
-                    match &e.value {
-                        Value::Inline(v) => {
-                            put_u8(out, VALUE_INLINE);
-                            out.extend_from_slice(&e.key);
-                            put_u32(out, len_u32(v.len()));
-                            out.extend_from_slice(v);
-                        }
-                        Value::Extent(r) => {
-                            put_u8(out, VALUE_EXTENT);
-                            out.extend_from_slice(&e.key);
-                            r.encode(out);
-                        }
-                    }
-                }
-            }
+            Body::Leaf(entries) => entries.encode_entries(out),
             Body::Branch(entries) => {
                 for e in entries {
                     put_u16(out, len_u16(e.key.len()));
@@ -498,18 +452,14 @@ impl Node {
 
     /// Bytes of memory the node holds, for the cache budget: what the allocator was
     /// asked for, plus a fixed allowance per allocation for its bookkeeping (the
-    /// `Arc`, and for the editable form each key's and value's own allocation).
+    /// `Arc`, and for an editable branch each key's own allocation).
     pub(crate) fn mem_size(&self) -> usize {
         const PER_ALLOCATION: usize = 16;
         let fixed = size_of::<Node>() + 2 * size_of::<usize>() + PER_ALLOCATION;
         fixed
             + match &self.body {
                 Body::Packed(p) => p.mem_size(),
-                Body::Leaf(e) => {
-                    e.len() * (size_of::<LeafEntry>() + 2 * (PER_ALLOCATION + 16))
-                        + self.size
-                        + PER_ALLOCATION
-                }
+                Body::Leaf(l) => l.mem_size() + 2 * PER_ALLOCATION,
                 Body::Branch(e) => {
                     e.len() * (size_of::<BranchEntry>() + PER_ALLOCATION + 16)
                         + self.size
@@ -541,16 +491,10 @@ pub(crate) mod tests {
             crc: 42,
         };
         let node = Node::new_leaf(
-            vec![
-                LeafEntry {
-                    key: (&b"a"[..]).into(),
-                    value: Value::Inline(b"one".to_vec().into()),
-                },
-                LeafEntry {
-                    key: (&b"b"[..]).into(),
-                    value: Value::Extent(ext),
-                },
-            ],
+            LeafBuf::from_entries([
+                (&b"a"[..], ValueRef::Inline(b"one")),
+                (&b"b"[..], ValueRef::Extent(ext)),
+            ]),
             1,
         );
         let mut buf = Vec::new();
@@ -565,13 +509,14 @@ pub(crate) mod tests {
 
     #[test]
     fn every_truncation_and_flip_is_an_error_or_a_different_node() {
+        let keys: Vec<[u8; 2]> = (0..20u8).map(|i| [b'k', i]).collect();
+        let values: Vec<[u8; 9]> = (0..20u8).map(|i| [i; 9]).collect();
         let node = Node::new_leaf(
-            (0..20u8)
-                .map(|i| LeafEntry {
-                    key: (&[b'k', i][..]).into(),
-                    value: Value::Inline(vec![i; 9].into()),
-                })
-                .collect(),
+            LeafBuf::from_entries(
+                keys.iter()
+                    .zip(&values)
+                    .map(|(k, v)| (&k[..], ValueRef::Inline(v))),
+            ),
             1,
         );
         let mut buf = Vec::new();

@@ -26,9 +26,10 @@
 //! - a leaf's tags are `VALUE_INLINE` or `VALUE_EXTENT`; a branch has an entry.
 
 use super::layout::{
-    head_of, ValueRef, CRC_FROM, HEADER_SIZE, KIND_BRANCH, KIND_LEAF, MAX_DEPTH, NODE_MAGIC,
-    VALUE_EXTENT, VALUE_INLINE,
+    head_of, read_block_ref, ValueRef, CRC_FROM, HEADER_SIZE, KIND_BRANCH, KIND_LEAF, MAX_DEPTH,
+    NODE_MAGIC, VALUE_EXTENT, VALUE_INLINE,
 };
+use super::leaf::LeafBuf;
 use crate::error::Result;
 use crate::format::{crc, Addr, BlockRef, Decoder};
 use crate::limits::MAX_KEY_LEN;
@@ -219,19 +220,9 @@ impl Packed {
         s.key_at as usize + usize::from(s.key_len)
     }
 
-    /// The block reference encoded at `at` (validated by `parse`; the field order is
-    /// `BlockRef::encode`'s).
+    /// The block reference encoded at `at` (validated by `parse`).
     fn block_ref(&self, at: usize) -> BlockRef {
-        let b: &[u8; BlockRef::SIZE] = self.bytes[at..at + BlockRef::SIZE]
-            .try_into()
-            .expect("a slice of BlockRef::SIZE bytes");
-        let (addr, rest) = b.split_at(8);
-        let (len, crc) = rest.split_at(4);
-        BlockRef {
-            addr: Addr(u64::from_le_bytes(addr.try_into().expect("8 bytes"))),
-            len: u32::from_le_bytes(len.try_into().expect("4 bytes")),
-            crc: u32::from_le_bytes(crc.try_into().expect("4 bytes")),
-        }
+        read_block_ref(&self.bytes, at)
     }
 
     /// Leaf entry `i`'s value.
@@ -242,6 +233,18 @@ impl Packed {
         }
         let len = u32::from_le_bytes(self.bytes[at..at + 4].try_into().expect("4 bytes"));
         ValueRef::Inline(&self.bytes[at + 4..at + 4 + len as usize])
+    }
+
+    /// A leaf's entries in editable form: one copy of its entry bytes.
+    pub(crate) fn to_leaf_buf(&self) -> LeafBuf {
+        // An entry's key follows its key length (u16) and value tag (u8).
+        const KEY_FROM_ENTRY: usize = 3;
+        LeafBuf::from_encoded(
+            &self.bytes[HEADER_SIZE..],
+            self.slots
+                .iter()
+                .map(|s| s.key_at as usize - KEY_FROM_ENTRY - HEADER_SIZE),
+        )
     }
 
     /// Branch entry `i`'s child: a packed node names its children by address.
@@ -294,7 +297,7 @@ mod tests {
     //! so that the structural checks, not the checksum, are what is tested) that must
     //! parse to an error or to a node that never answers with a wrong key.
     use super::*;
-    use crate::btree::node::{BranchEntry, Child, Key, LeafEntry, Node, Value, OFF_CRC};
+    use crate::btree::node::{BranchEntry, Child, Key, Node, Value, OFF_CRC};
 
     use crate::io::sim::SplitMix;
     use std::collections::BTreeMap;
@@ -371,7 +374,7 @@ mod tests {
         for case in 0..300 {
             let shared = gen_shared(&mut rng);
             let mut model: BTreeMap<Vec<u8>, Value> = BTreeMap::new();
-            let mut node = Node::new_leaf(Vec::new(), 1);
+            let mut node = Node::new_leaf(LeafBuf::default(), 1);
             for round in 0..4 {
                 // Edit the editable form, as a writer does after shadowing.
                 let Body::Leaf(mut entries) = node.body else {
@@ -379,7 +382,7 @@ mod tests {
                 };
                 for _ in 0..rng.below(40) {
                     let key = gen_key(&mut rng, &shared);
-                    let pos = entries.binary_search_by(|e| (*e.key).cmp(&key[..]));
+                    let pos = entries.search(&key);
                     if rng.chance(1, 4) {
                         if let Ok(i) = pos {
                             entries.remove(i);
@@ -387,17 +390,11 @@ mod tests {
                         model.remove(&key);
                     } else {
                         let value = gen_value(&mut rng);
-                        model.insert(key.clone(), value.clone());
                         match pos {
-                            Ok(i) => entries[i].value = value,
-                            Err(i) => entries.insert(
-                                i,
-                                LeafEntry {
-                                    key: Key::from(&key[..]),
-                                    value,
-                                },
-                            ),
+                            Ok(i) => entries.set_value(i, value.as_ref()),
+                            Err(i) => entries.insert(i, &key, value.as_ref()),
                         }
+                        model.insert(key, value);
                     }
                 }
                 let edited = Node::new_leaf(entries, 1);
@@ -480,14 +477,8 @@ mod tests {
             }
             let leaf = case % 2 == 0;
             let node = if leaf {
-                let entries = model
-                    .iter()
-                    .map(|(k, v)| LeafEntry {
-                        key: Key::from(&k[..]),
-                        value: v.clone(),
-                    })
-                    .collect();
-                Node::new_leaf(entries, 1)
+                let entries = model.iter().map(|(k, v)| (&k[..], v.as_ref()));
+                Node::new_leaf(LeafBuf::from_entries(entries), 1)
             } else {
                 let entries = model
                     .keys()
@@ -562,17 +553,16 @@ mod tests {
 
     #[test]
     fn keys_out_of_order_are_corruption() {
-        let entries = [b"b", b"a"]
-            .iter()
-            .map(|k| LeafEntry {
-                key: Key::from(&k[..]),
-                value: Value::Inline(b"v"[..].into()),
-            })
-            .collect();
-        // Built unsorted on purpose: encode does not check, parse must.
-        let node = Node::new_leaf(entries, 1);
+        let entries = [b"a", b"b"].map(|k| (&k[..], ValueRef::Inline(b"v")));
+        let node = Node::new_leaf(LeafBuf::from_entries(entries), 1);
         let mut buf = Vec::new();
         node.encode(&mut buf);
+        // Swap the two one-byte keys (each entry: key length u16, tag u8, key, value of
+        // 4 + 1 bytes) and fix the checksum up: the structure is what must be refused.
+        let (first, second) = (HEADER_SIZE + 3, HEADER_SIZE + 3 + 1 + 5 + 3);
+        buf.swap(first, second);
+        let sum = crate::format::crc(&buf[CRC_FROM..]);
+        buf[OFF_CRC..OFF_CRC + 4].copy_from_slice(&sum.to_le_bytes());
         let err = Node::decode(buf, at(0)).expect_err("unsorted keys");
         assert!(err.is_corruption(), "{err}");
     }
@@ -580,14 +570,8 @@ mod tests {
     #[test]
     fn shared_prefix_and_short_probes() {
         let keys: [&[u8]; 4] = [b"user:0001", b"user:0002", b"user:0010", b"user:1"];
-        let entries = keys
-            .iter()
-            .map(|k| LeafEntry {
-                key: Key::from(*k),
-                value: Value::Inline(k.to_vec().into()),
-            })
-            .collect();
-        let (_, p) = packed(&Node::new_leaf(entries, 1));
+        let entries = keys.iter().map(|k| (*k, ValueRef::Inline(k)));
+        let (_, p) = packed(&Node::new_leaf(LeafBuf::from_entries(entries), 1));
         let Body::Packed(inner) = &p.body else {
             panic!("packed")
         };

@@ -138,7 +138,8 @@ fn check_level(node: Arc<Node>, parent_level: Option<u8>, child: &Child) -> Resu
 /// parent's checksum). Returns the segments and cache to load it through, and its root.
 #[cfg(test)]
 pub(crate) fn self_naming_tree() -> (crate::space::Segments, super::cache::PageCache, Child) {
-    use super::node::{BranchEntry, Key, LeafEntry, Value};
+    use super::leaf::LeafBuf;
+    use super::node::{BranchEntry, Key, ValueRef};
     use crate::format::{Addr, BlockRef, SegmentId};
     let at = |n: u64| BlockRef {
         addr: Addr::new(SegmentId(1), 64 * n),
@@ -149,10 +150,7 @@ pub(crate) fn self_naming_tree() -> (crate::space::Segments, super::cache::PageC
     let segments = crate::space::Segments::open(vfs, false).expect("segments on a fresh SimVfs");
     let cache = super::cache::PageCache::new(1 << 20);
     let leaf = Node::new_leaf(
-        vec![LeafEntry {
-            key: Key::from(&b"a"[..]),
-            value: Value::Inline(b"x"[..].into()),
-        }],
+        LeafBuf::from_entries([(&b"a"[..], ValueRef::Inline(b"x"))]),
         1,
     );
     cache.insert(at(1).addr, Arc::new(leaf.packed(at(1))));

@@ -16,9 +16,10 @@
 //! In the single-owner cases the copy takes over the original's pointers, so no
 //! child's count changes.
 
+use super::leaf::{entry_size, LeafBuf};
 use super::node::{
-    branch_entry_size, leaf_entry_size, Body, BranchEntry, Child, ChildRef, Key, LeafEntry, Node,
-    Probe, Value, ValueRef, MERGE_MAX, NODE_MAX, NODE_MIN,
+    branch_entry_size, Body, BranchEntry, Child, ChildRef, Key, Node, Probe, ValueRef, MERGE_MAX,
+    NODE_MAX, NODE_MIN,
 };
 use super::{child_index, Loader};
 use crate::backref::WriteStore;
@@ -27,6 +28,23 @@ use crate::error::Result;
 use crate::format::BlockRef;
 use crate::space::SpaceDelta;
 use std::sync::Arc;
+
+/// A value an insert replaced or a delete removed. Inline bytes went with their
+/// entry; an extent loses a pointer, which the caller settles (`release_value`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OldValue {
+    Inline,
+    Extent(BlockRef),
+}
+
+impl OldValue {
+    fn of(value: ValueRef<'_>) -> OldValue {
+        match value {
+            ValueRef::Inline(_) => OldValue::Inline,
+            ValueRef::Extent(r) => OldValue::Extent(r),
+        }
+    }
+}
 
 /// What a writer carries down the tree.
 pub(crate) struct WriteCtx<'a> {
@@ -296,12 +314,10 @@ fn split(node: &mut Node, epoch: u64, how: SplitAt) -> Node {
         SplitAt::Last => len - 1,
     };
     match &mut node.body {
-        Body::Leaf(entries) => {
-            let at = at(&mut entries
-                .iter()
-                .map(|e| leaf_entry_size(e.key.len(), &e.value)));
-            let right = entries.split_off(at);
-            let left = std::mem::take(entries);
+        Body::Leaf(leaf) => {
+            let at = at(&mut leaf.iter().map(|(k, v)| entry_size(k.len(), v)));
+            let right = leaf.split_off(at);
+            let left = std::mem::take(leaf);
             *node = Node::new_leaf(left, epoch);
             Node::new_leaf(right, epoch)
         }
@@ -335,18 +351,12 @@ fn split_point(sizes: impl Iterator<Item = usize>, half: usize, len: usize) -> u
 pub(crate) fn insert(
     root: &mut Option<Child>,
     key: &[u8],
-    value: Value,
+    value: ValueRef<'_>,
     ctx: &mut WriteCtx<'_>,
-) -> Result<Option<Value>> {
-    let incoming = leaf_entry_size(key.len(), &value);
+) -> Result<Option<OldValue>> {
+    let incoming = entry_size(key.len(), value);
     let Some(slot) = root else {
-        let leaf = Node::new_leaf(
-            vec![LeafEntry {
-                key: key.into(),
-                value,
-            }],
-            ctx.epoch,
-        );
+        let leaf = Node::new_leaf(LeafBuf::from_entries([(key, value)]), ctx.epoch);
         *root = Some(ctx.new_dirty(leaf));
         return Ok(None);
     };
@@ -383,35 +393,29 @@ pub(crate) fn insert(
 fn insert_below(
     node: &mut Node,
     key: &[u8],
-    value: Value,
+    value: ValueRef<'_>,
     incoming: usize,
     rightmost: bool,
     ctx: &mut WriteCtx<'_>,
-) -> Result<Option<Value>> {
+) -> Result<Option<OldValue>> {
     let Node {
         body, size, level, ..
     } = node;
     match body {
-        Body::Leaf(entries) => {
-            match entries.binary_search_by(|e| e.key.cmp_probe(&Probe::new(key))) {
-                Ok(i) => {
-                    let old = std::mem::replace(&mut entries[i].value, value);
-                    *size = *size + incoming - leaf_entry_size(key.len(), &old);
-                    Ok(Some(old))
-                }
-                Err(i) => {
-                    entries.insert(
-                        i,
-                        LeafEntry {
-                            key: key.into(),
-                            value,
-                        },
-                    );
-                    *size += incoming;
-                    Ok(None)
-                }
+        Body::Leaf(leaf) => match leaf.search(key) {
+            Ok(i) => {
+                let old = leaf.value(i);
+                *size = *size + incoming - entry_size(key.len(), old);
+                let old = OldValue::of(old);
+                leaf.set_value(i, value);
+                Ok(Some(old))
             }
-        }
+            Err(i) => {
+                leaf.insert(i, key, value);
+                *size += incoming;
+                Ok(None)
+            }
+        },
         Body::Branch(entries) => {
             let mut idx = child_index(entries, &Probe::new(key));
             if idx == 0 && key < &*entries[0].key {
@@ -453,7 +457,7 @@ pub(crate) fn delete(
     root: &mut Option<Child>,
     key: &[u8],
     ctx: &mut WriteCtx<'_>,
-) -> Result<Option<Value>> {
+) -> Result<Option<OldValue>> {
     if !super::contains(ctx.loader, root.as_ref(), key)? {
         return Ok(None);
     }
@@ -486,21 +490,21 @@ fn collapse_root(root: &mut Option<Child>) {
     }
 }
 
-fn delete_below(node: &mut Node, key: &[u8], ctx: &mut WriteCtx<'_>) -> Result<Option<Value>> {
+fn delete_below(node: &mut Node, key: &[u8], ctx: &mut WriteCtx<'_>) -> Result<Option<OldValue>> {
     let Node {
         body, size, level, ..
     } = node;
     match body {
-        Body::Leaf(entries) => {
-            match entries.binary_search_by(|e| e.key.cmp_probe(&Probe::new(key))) {
-                Ok(i) => {
-                    let e = entries.remove(i);
-                    *size -= leaf_entry_size(e.key.len(), &e.value);
-                    Ok(Some(e.value))
-                }
-                Err(_) => Ok(None),
+        Body::Leaf(leaf) => match leaf.search(key) {
+            Ok(i) => {
+                let old = leaf.value(i);
+                *size -= entry_size(key.len(), old);
+                let old = OldValue::of(old);
+                leaf.remove(i);
+                Ok(Some(old))
             }
-        }
+            Err(_) => Ok(None),
+        },
         Body::Branch(entries) => {
             let mut idx = child_index(entries, &Probe::new(key));
             let child = shadow_child(&mut entries[idx].child, *level, ctx)?;
@@ -551,7 +555,7 @@ fn fix(entries: &mut Vec<BranchEntry>, idx: usize, ctx: &mut WriteCtx<'_>) -> Re
 /// Appends all of `right`'s entries to `left`, leaving `right` empty.
 fn merge_into(left: &mut Node, right: &mut Node) {
     match (&mut left.body, &mut right.body) {
-        (Body::Leaf(l), Body::Leaf(r)) => l.append(r),
+        (Body::Leaf(l), Body::Leaf(r)) => l.append_all(r),
         (Body::Branch(l), Body::Branch(r)) => l.append(r),
         _ => unreachable!("siblings are at the same level"),
     }
@@ -565,11 +569,9 @@ fn rebalance(left: &mut Node, right: &mut Node, epoch: u64) {
     let (sizes, all): (Vec<usize>, Body) = match (&mut left.body, &mut right.body) {
         (Body::Leaf(l), Body::Leaf(r)) => {
             let mut all = std::mem::take(l);
-            all.append(r);
+            all.append_all(r);
             (
-                all.iter()
-                    .map(|e| leaf_entry_size(e.key.len(), &e.value))
-                    .collect(),
+                all.iter().map(|(k, v)| entry_size(k.len(), v)).collect(),
                 Body::Leaf(all),
             )
         }

@@ -12,9 +12,9 @@
 
 use super::WriterState;
 use crate::backref::WriteStore;
-use crate::btree::node::{Child, Node, Value};
+use crate::btree::node::{Child, Node, ValueRef};
 use crate::btree::refcount::RcDelta;
-use crate::btree::{self, Loader, WriteCtx};
+use crate::btree::{self, Loader, OldValue, WriteCtx};
 use crate::catalog::{Version, VersionId, VersionKind};
 use crate::error::{Error, Result};
 use crate::format::{BlockRef, Lsn};
@@ -114,17 +114,17 @@ pub(crate) fn apply_op(
     ctx: &mut WriteCtx<'_>,
 ) -> Result<bool> {
     let old = match *op {
-        Op::Put { key, value } => btree::insert(root, key, Value::Inline(value.into()), ctx)?,
+        Op::Put { key, value } => btree::insert(root, key, ValueRef::Inline(value), ctx)?,
         Op::PutExtent { key, extent } => {
             // The extent was written (once) before the operation was logged; from
             // here on the tree holds it.
             ctx.delta.alloc(extent);
-            btree::insert(root, key, Value::Extent(extent), ctx)?
+            btree::insert(root, key, ValueRef::Extent(extent), ctx)?
         }
         Op::Delete { key } => btree::delete(root, key, ctx)?,
     };
-    if let Some(old) = &old {
-        ctx.release_value(old.as_ref());
+    if let Some(OldValue::Extent(r)) = old {
+        ctx.release_value(ValueRef::Extent(r));
     }
     Ok(old.is_some())
 }
