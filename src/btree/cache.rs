@@ -7,10 +7,12 @@
 //! tree stay hot while leaves of a large scan cycle through. The cache is sharded by
 //! address to keep lock hold times short; hits take only a shard's read lock.
 //!
-//! A hit touches one hash bucket, which holds the node pointer and the credit inline,
-//! and then the node: the clock's ring of addresses is only walked on eviction. A
-//! lookup's misses in the CPU's caches are what a read of a large tree pays for, level
-//! by level.
+//! A hit touches one hash bucket, which holds the node pointer inline, and then the
+//! node, which holds its credit: the clock's ring of addresses is only walked on
+//! eviction. A lookup's misses in the CPU's caches are what a read of a large tree
+//! pays for, level by level, which is why readers mostly skip this lookup: a cached
+//! branch links to the children loaded through it (`Node::linked_child`), and a reader
+//! following a live link only refreshes the child's credit ([`PageCache::touch`]).
 //!
 //! Invariant: only clean nodes (written, `disk` set, children by address) are cached,
 //! so an entry never pins other nodes and its address names exactly its content.
@@ -19,7 +21,7 @@ use crate::btree::node::Node;
 use crate::format::Addr;
 use crate::format::AddrMap;
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 const SHARDS: usize = 16;
@@ -27,10 +29,6 @@ const MAX_CREDIT: u8 = 4;
 
 struct Entry {
     node: Arc<Node>,
-    credit: AtomicU8,
-    /// The credit a hit restores (the node's level's), kept here so that a hit does
-    /// not reach into the node before it must.
-    full_credit: u8,
     /// Where the address sits in the clock ring.
     ring_pos: usize,
 }
@@ -97,8 +95,7 @@ impl PageCache {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         match shard.entries.get(&addr) {
             Some(e) => {
-                e.credit.store(e.full_credit, Ordering::Relaxed);
-                self.hits.fetch_add(1, Ordering::Relaxed);
+                self.touch(&e.node);
                 Some(e.node.clone())
             }
             None => {
@@ -106,6 +103,18 @@ impl PageCache {
                 None
             }
         }
+    }
+
+    /// A hit on `node` found without a lookup (through a link from its parent):
+    /// refreshes its credit and counts the hit.
+    pub(crate) fn touch(&self, node: &Node) {
+        let full = credit_for(node);
+        // Written only when it changes: a hot node's cache line stays shared
+        // between the cores reading it.
+        if node.credit.load(Ordering::Relaxed) != full {
+            node.credit.store(full, Ordering::Relaxed);
+        }
+        self.hits.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Whether `addr` is cached, without counting a hit or a miss or crediting the
@@ -133,19 +142,15 @@ impl PageCache {
         }
         // Leaves enter cold (no credit until their first hit), so a long scan cannot
         // flush out what is hot; branches enter with their level's credit.
-        let full_credit = credit_for(&node);
-        let credit = AtomicU8::new(if node.level == 0 { 0 } else { full_credit });
+        let credit = if node.level == 0 {
+            0
+        } else {
+            credit_for(&node)
+        };
+        node.credit.store(credit, Ordering::Relaxed);
         let ring_pos = shard.ring.len();
         shard.ring.push(addr);
-        shard.entries.insert(
-            addr,
-            Entry {
-                node,
-                credit,
-                full_credit,
-                ring_pos,
-            },
-        );
+        shard.entries.insert(addr, Entry { node, ring_pos });
         shard.bytes += size;
     }
 
@@ -167,7 +172,7 @@ impl PageCache {
             }
             let addr = shard.ring[shard.hand];
             let credit = match shard.entries.get(&addr) {
-                Some(e) => e.credit.load(Ordering::Relaxed),
+                Some(e) => e.node.credit.load(Ordering::Relaxed),
                 None => 0, // unreachable by the ring's invariant; evicting is safe
             };
             if credit == 0 {
@@ -175,10 +180,15 @@ impl PageCache {
                     true => shard.remove(addr),
                     false => shard.unring(shard.hand),
                 }
+                // The ring's last entry, the newest (inserted without credit), now
+                // sits under the hand: step past it, or the next eviction takes it
+                // before it had a chance to be hit, and every one after it takes the
+                // next newcomer, while the hand never reaches the cold entries.
+                shard.hand += 1;
                 return;
             }
             if let Some(e) = shard.entries.get(&addr) {
-                e.credit.store(credit - 1, Ordering::Relaxed);
+                e.node.credit.store(credit - 1, Ordering::Relaxed);
             }
             shard.hand += 1;
         }
@@ -243,6 +253,40 @@ mod tests {
         assert!(
             cache.get(hot).is_some(),
             "a constantly hit entry was evicted"
+        );
+    }
+
+    /// A cache full of entries hit once and never again (a reader of an old view
+    /// left them) must give way to a working set that fits: the clock has to reach
+    /// the stale entries rather than keep evicting each newcomer before its first
+    /// hit (which the hand did when the ring's swap-remove put the newest entry
+    /// under it).
+    #[test]
+    fn a_working_set_that_fits_displaces_stale_entries() {
+        let cache = PageCache::new(SHARDS * 64 * 1024);
+        let per_node = leaf(Addr::new(SegmentId(9), 0)).mem_size();
+        let fits = usize::try_from(cache.capacity()).expect("small") / per_node;
+        let addr = |seg: u32, i: usize| Addr::new(SegmentId(seg), (i * 4096) as u64);
+        for i in 0..fits {
+            cache.insert(addr(1, i), leaf(addr(1, i)));
+            let _ = cache.get(addr(1, i));
+        }
+        // A working set of half the capacity, read over and over.
+        let working = fits / 2;
+        let mut last_round_misses = 0;
+        for _ in 0..20 {
+            let misses = cache.misses();
+            for i in 0..working {
+                if cache.get(addr(2, i)).is_none() {
+                    cache.insert(addr(2, i), leaf(addr(2, i)));
+                }
+            }
+            last_round_misses = cache.misses() - misses;
+        }
+        // Shards fill unevenly, so a few entries of the working set may not fit.
+        assert!(
+            last_round_misses * 10 < working as u64,
+            "{last_round_misses} misses of {working} reads: the working set never settled"
         );
     }
 }

@@ -69,7 +69,7 @@ impl Cursor {
                 Seek::Last => node.len() - 1,
                 Seek::AtOrAfter(k, _) | Seek::AtOrBefore(k, _) => node.child_index(k),
             };
-            let child = loader.child_of(node.level, node.child(idx))?;
+            let child = loader.child_at(&node, idx)?;
             c.stack.push((node, idx));
             node = child;
         }
@@ -106,7 +106,7 @@ impl Cursor {
                 if node.level == 0 {
                     return Ok(());
                 }
-                let child = loader.child_of(node.level, node.child(*pos))?;
+                let child = loader.child_at(node, *pos)?;
                 self.stack.push((child, 0));
                 continue;
             }
@@ -129,7 +129,7 @@ impl Cursor {
                 if node.level == 0 {
                     return Ok(());
                 }
-                let child = loader.child_of(node.level, node.child(*pos))?;
+                let child = loader.child_at(node, *pos)?;
                 let last = child.len().wrapping_sub(1);
                 self.stack.push((child, last));
                 continue;

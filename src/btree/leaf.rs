@@ -24,6 +24,9 @@
 use super::layout::{head_of, read_block_ref, ValueRef, VALUE_EXTENT, VALUE_INLINE};
 use crate::format::{len_u16, len_u32, put_u16, put_u32, put_u8, BlockRef};
 
+/// Bytes of spare heap a leaf gets when it is unpacked for editing.
+const HEADROOM: usize = 512;
+
 /// A leaf's entries in editable form. See the module docs for the invariants.
 #[derive(Debug, Default)]
 pub(crate) struct LeafBuf {
@@ -112,8 +115,12 @@ impl LeafBuf {
             .iter()
             .map(|&o| head_of(key_at(bytes, o as usize)))
             .collect();
+        // Room for a few entries more: a shadowed leaf is shadowed to be edited, and
+        // growing a full-size heap would copy all of it again.
+        let mut heap = Vec::with_capacity(bytes.len() + HEADROOM.max(bytes.len() / 8));
+        heap.extend_from_slice(bytes);
         let leaf = LeafBuf {
-            heap: bytes.to_vec(),
+            heap,
             live: bytes.len(),
             offs,
             heads,

@@ -111,6 +111,24 @@ impl Loader<'_> {
         Ok(node)
     }
 
+    /// The child of `parent`'s branch entry `i`: in memory, through the link the
+    /// first load set (no cache lookup, and no checks: they passed when the link was
+    /// set), or loaded and checked as [`Loader::child_of`] does, then linked.
+    pub(crate) fn child_at(&self, parent: &Node, i: usize) -> Result<Arc<Node>> {
+        let child = parent.child(i);
+        if let ChildRef::Disk(_) = child {
+            if let Some(node) = parent.linked_child(i) {
+                self.cache.touch(&node);
+                return Ok(node);
+            }
+        }
+        let node = self.child_of(parent.level, child)?;
+        if let ChildRef::Disk(_) = child {
+            parent.link_child(i, &node);
+        }
+        Ok(node)
+    }
+
     /// Reads an out-of-line value.
     pub(crate) fn extent(&self, r: BlockRef) -> Result<Vec<u8>> {
         self.segments.read(r, "extent")
@@ -168,15 +186,10 @@ fn get_below<R>(
     if node.len() == 0 {
         return Err(Error::corrupted("node", "branch node without children"));
     }
-    match node.child(node.child_index(key)) {
+    let i = node.child_index(key);
+    match node.child(i) {
         ChildRef::Mem(c) if c.level + 1 == node.level => get_below(loader, c, key, f, depth + 1),
-        child => get_below(
-            loader,
-            &*loader.child_of(node.level, child)?,
-            key,
-            f,
-            depth + 1,
-        ),
+        _ => get_below(loader, &*loader.child_at(node, i)?, key, f, depth + 1),
     }
 }
 

@@ -23,7 +23,8 @@ use super::leaf::LeafBuf;
 use super::packed::Packed;
 use crate::error::Result;
 use crate::format::{crc, len_u16, len_u32, put_u16, BlockRef};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::AtomicU8;
+use std::sync::{Arc, OnceLock, Weak};
 
 use super::layout::head_of;
 pub(crate) use super::layout::{
@@ -203,6 +204,16 @@ pub(crate) struct Node {
     pub epoch: u64,
     /// Where the node was written, once it has been.
     pub disk: OnceLock<BlockRef>,
+    /// A packed branch's links to its children in memory, one per entry (empty for
+    /// every other node), set by the first reader that loads each child through
+    /// this node (`Loader::child_at`). A link is weak: the page cache owns the
+    /// child; a reader that finds it alive skips the cache's lookup, and one that
+    /// finds it dead (evicted) goes through the cache. A link is set once: a child
+    /// evicted and read again is found through the cache from then on.
+    links: Box<[OnceLock<Weak<Node>>]>,
+    /// The page cache's CLOCK credit (see `cache.rs`), kept in the node so that a
+    /// reader arriving through a link refreshes it too.
+    pub credit: AtomicU8,
 }
 
 pub(crate) fn branch_entry_size(key_len: usize) -> usize {
@@ -218,6 +229,8 @@ impl Node {
             size,
             epoch,
             disk: OnceLock::new(),
+            links: Box::default(),
+            credit: AtomicU8::new(0),
         }
     }
 
@@ -234,6 +247,8 @@ impl Node {
             size,
             epoch,
             disk: OnceLock::new(),
+            links: Box::default(),
+            credit: AtomicU8::new(0),
         }
     }
 
@@ -276,6 +291,8 @@ impl Node {
             size: self.size,
             epoch,
             disk: OnceLock::new(),
+            links: Box::default(),
+            credit: AtomicU8::new(0),
         }
     }
 
@@ -319,6 +336,20 @@ impl Node {
             Body::Branch(e) => e[i].child.as_ref(),
             Body::Packed(p) if self.level > 0 => ChildRef::Disk(p.child(i)),
             _ => panic!("child of a leaf entry"),
+        }
+    }
+
+    /// The child of branch entry `i` as last loaded through this node, if a link was
+    /// set and the child is still in memory.
+    pub(crate) fn linked_child(&self, i: usize) -> Option<Arc<Node>> {
+        self.links.get(i)?.get()?.upgrade()
+    }
+
+    /// Links branch entry `i` to `child`, just loaded through it (and checked
+    /// against it), unless a link was set already.
+    pub(crate) fn link_child(&self, i: usize, child: &Arc<Node>) {
+        if let Some(link) = self.links.get(i) {
+            let _ = link.set(Arc::downgrade(child));
         }
     }
 
@@ -431,12 +462,18 @@ impl Node {
     fn parse(buf: Vec<u8>, at: BlockRef, self_checksum: bool) -> Result<Node> {
         let size = buf.len();
         let (level, packed) = Packed::parse(buf, at.addr, self_checksum)?;
+        let links = match level {
+            0 => Box::default(),
+            _ => (0..packed.len()).map(|_| OnceLock::new()).collect(),
+        };
         let node = Node {
             level,
             body: Body::Packed(packed),
             size,
             epoch: 0,
             disk: OnceLock::new(),
+            links,
+            credit: AtomicU8::new(0),
         };
         let _ = node.disk.set(at);
         Ok(node)
@@ -456,7 +493,12 @@ impl Node {
     pub(crate) fn mem_size(&self) -> usize {
         const PER_ALLOCATION: usize = 16;
         let fixed = size_of::<Node>() + 2 * size_of::<usize>() + PER_ALLOCATION;
+        let links = match self.links.len() {
+            0 => 0,
+            n => n * size_of::<OnceLock<Weak<Node>>>() + PER_ALLOCATION,
+        };
         fixed
+            + links
             + match &self.body {
                 Body::Packed(p) => p.mem_size(),
                 Body::Leaf(l) => l.mem_size() + 2 * PER_ALLOCATION,
