@@ -57,10 +57,27 @@ impl Loader<'_> {
             }
             return Ok(n);
         }
-        let buf = self.segments.read(r, "node")?;
-        let node = Arc::new(Node::decode_checked(buf, r)?);
+        let node = self.read(r)?;
         self.cache.insert(r.addr, node.clone());
         Ok(node)
+    }
+
+    /// The node at `r` for a writer about to copy it and, most often, free it: from
+    /// the cache if it is there, else read and checked as [`Loader::load`] does but
+    /// not cached (caching it would evict a node that stays live, for one that is
+    /// about to go).
+    pub(crate) fn load_to_copy(&self, r: BlockRef) -> Result<Arc<Node>> {
+        if self.cache.contains(r.addr) {
+            return self.load(r);
+        }
+        self.cache.note_miss();
+        self.read(r)
+    }
+
+    /// Reads the node at `r` from its segment, checking its checksum and structure.
+    fn read(&self, r: BlockRef) -> Result<Arc<Node>> {
+        let buf = self.segments.read(r, "node")?;
+        Ok(Arc::new(Node::decode_checked(buf, r)?))
     }
 
     /// Caches the node whose `bytes` were read at `addr` without a pointer to check

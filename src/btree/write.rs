@@ -200,7 +200,7 @@ pub(crate) fn shadow<'c>(slot: &'c mut Child, ctx: &mut WriteCtx<'_>) -> Result<
         Target::Block(r) => {
             let node = match slot {
                 Child::Mem(n) => Arc::clone(n),
-                Child::Disk(_) => ctx.loader.load(r)?,
+                Child::Disk(_) => ctx.loader.load_to_copy(r)?,
             };
             let t = Target::Block(r);
             if ctx.count(&t) > 1 {
