@@ -10,9 +10,11 @@ use std::time::Duration;
 pub struct Options {
     /// Page cache budget in bytes: what the cached nodes occupy in memory, about 1.1
     /// times their size on disk (a node's bytes, 12 bytes per entry, ~150 bytes of
-    /// bookkeeping). The default, 256 MiB, holds ~230 MiB of tree (a million 24-byte
-    /// keys with 150-byte values); give it 1.1 times the tree's size for reads that
-    /// never wait on the disk.
+    /// bookkeeping). The default, 1 GiB (redb's default too), holds ~930 MiB of tree
+    /// (about four million 24-byte keys with 150-byte values), and takes memory only
+    /// as nodes are read; give it 1.1 times the tree's size for reads that never wait
+    /// on the disk. (A miss costs a `pread`, a checksum and a parse, about 2 µs for an
+    /// 8 KiB node: several times a hit.)
     pub cache_bytes: usize,
     /// Checkpoint when this much WAL has accumulated since the last one.
     pub checkpoint_wal_bytes: u64,
@@ -50,7 +52,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
-            cache_bytes: 256 << 20,
+            cache_bytes: 1 << 30,
             checkpoint_wal_bytes: 64 << 20,
             checkpoint_dirty_bytes: 256 << 20,
             txn_dirty_bytes: 256 << 20,

@@ -23,7 +23,7 @@ impl Engine for Cambium {
     const NAME: &'static str = "cambium";
 
     fn create(dir: &Path, tuning: &Tuning) -> Res<Self> {
-        // Default options (256 MiB cache, background checkpoints on); the equal
+        // Default options (1 GiB cache, background checkpoints on); the equal
         // configuration gives the node cache the peers' 4 GiB.
         let mut opts = cambium::Options::default();
         if tuning.equal {

@@ -909,7 +909,7 @@ fn config_text(equal: bool) -> &'static str {
         "equal budget: cambium's node cache 4 GiB, redb's cache 4 GiB, LMDB's map 4 GiB, \
          Sanakirja's initial map 4 GiB"
     } else {
-        "each engine's defaults: cambium `Options::default()` (256 MiB node cache), redb \
+        "each engine's defaults: cambium `Options::default()` (1 GiB node cache), redb \
          `Builder::new()` (1 GiB cache); LMDB and Sanakirja have no cache of their own and \
          keep their 4 GiB map (LMDB's default 10 MiB map cannot hold the data)"
     }
