@@ -13,8 +13,9 @@ pub struct Options {
     /// bookkeeping). The default, 1 GiB (redb's default too), holds ~930 MiB of tree
     /// (about four million 24-byte keys with 150-byte values), and takes memory only
     /// as nodes are read; give it 1.1 times the tree's size for reads that never wait
-    /// on the disk. (A miss costs a `pread`, a checksum and a parse, about 2 µs for an
-    /// 8 KiB node: several times a hit.)
+    /// on the disk. (A miss costs a `pread`, a checksum, a parse and an eviction,
+    /// about 4–5 µs for an 8 KiB node on the benchmark machine, five times a hit:
+    /// see BENCHMARKS.md.)
     pub cache_bytes: usize,
     /// Checkpoint when this much WAL has accumulated since the last one.
     pub checkpoint_wal_bytes: u64,
