@@ -196,3 +196,62 @@ fn sorted_loads_fill_their_leaves() {
         "random load fills leaves to {random_fill:.2}"
     );
 }
+
+/// A delete of a key that is not there changes nothing: no node is copied, whether the
+/// path to where it would be is written (it is looked up first) or already this
+/// transaction's own (the descent goes ahead, and finds nothing). And deletes of keys
+/// that are there, mixed with absent ones in one transaction, leave exactly the model.
+#[test]
+fn deleting_absent_keys_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::create_with(dir.path().join("db"), opts()).unwrap();
+    let present = |i: u32| format!("k{:06}", 2 * i).into_bytes();
+    let absent = |i: u32| format!("k{:06}", 2 * i + 1).into_bytes();
+    let mut model = BTreeMap::new();
+    let mut txn = store.begin_write().unwrap();
+    for i in 0..30_000u32 {
+        txn.put(&present(i), &[7; 100]).unwrap();
+        model.insert(present(i), vec![7; 100]);
+    }
+    txn.commit().unwrap();
+    store.checkpoint().unwrap();
+    assert_eq!(store.stats().unwrap().dirty_nodes, 0);
+
+    // What one put at the right edge makes dirty: its path.
+    let mut txn = store.begin_write().unwrap();
+    txn.put(b"z1", b"v").unwrap();
+    txn.commit().unwrap();
+    let path = store.stats().unwrap().dirty_nodes;
+    assert!(path >= 2, "a multi-level tree");
+    store.checkpoint().unwrap();
+    // The same put with absent deletes all over the tree: still only its path.
+    let mut txn = store.begin_write().unwrap();
+    txn.put(b"z2", b"v").unwrap();
+    for i in (0..30_000u32).step_by(7) {
+        assert!(!txn.delete(&absent(i)).unwrap());
+    }
+    txn.commit().unwrap();
+    assert_eq!(
+        store.stats().unwrap().dirty_nodes,
+        path,
+        "deleting absent keys copied nodes"
+    );
+    model.insert(b"z1".to_vec(), b"v".to_vec());
+    model.insert(b"z2".to_vec(), b"v".to_vec());
+
+    // Present and absent keys in one transaction: the absent ones then run down paths
+    // the present ones made this transaction's own, thin nodes included.
+    let mut txn = store.begin_write().unwrap();
+    for i in 0..30_000u32 {
+        if i % 3 != 0 {
+            assert!(txn.delete(&present(i)).unwrap());
+            model.remove(&present(i));
+        }
+        assert!(!txn.delete(&absent(i)).unwrap());
+    }
+    txn.commit().unwrap();
+    let r = store.read().unwrap();
+    let all: BTreeMap<Vec<u8>, Vec<u8>> = r.iter().unwrap().map(Result::unwrap).collect();
+    assert_eq!(all, model);
+    assert!(store.verify().unwrap().problems.is_empty());
+}

@@ -117,11 +117,6 @@ impl PageCache {
         self.hits.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts a miss served without caching what was read.
-    pub(crate) fn note_miss(&self) {
-        self.misses.fetch_add(1, Ordering::Relaxed);
-    }
-
     /// Whether `addr` is cached, without counting a hit or a miss or crediting the
     /// node (a look, not a use).
     pub(crate) fn contains(&self, addr: Addr) -> bool {

@@ -43,6 +43,16 @@ pub(crate) struct Loader<'a> {
 
 impl Loader<'_> {
     pub(crate) fn load(&self, r: BlockRef) -> Result<Arc<Node>> {
+        if let Some(n) = self.cached(r)? {
+            return Ok(n);
+        }
+        let node = self.read(r)?;
+        self.cache.insert(r.addr, node.clone());
+        Ok(node)
+    }
+
+    /// The node at `r` if the cache has it (a hit or a miss is counted).
+    fn cached(&self, r: BlockRef) -> Result<Option<Arc<Node>>> {
         if let Some(n) = self.cache.get(r.addr) {
             // A node read ahead (`Loader::read_ahead`) was cached on its own checksum;
             // the pointer's must agree, as a read's would have to.
@@ -55,11 +65,9 @@ impl Loader<'_> {
                     format!("checksum mismatch at {:?} ({} bytes)", r.addr, r.len),
                 ));
             }
-            return Ok(n);
+            return Ok(Some(n));
         }
-        let node = self.read(r)?;
-        self.cache.insert(r.addr, node.clone());
-        Ok(node)
+        Ok(None)
     }
 
     /// The node at `r` for a writer about to copy it and, most often, free it: from
@@ -67,11 +75,10 @@ impl Loader<'_> {
     /// not cached (caching it would evict a node that stays live, for one that is
     /// about to go).
     pub(crate) fn load_to_copy(&self, r: BlockRef) -> Result<Arc<Node>> {
-        if self.cache.contains(r.addr) {
-            return self.load(r);
+        match self.cached(r)? {
+            Some(n) => Ok(n),
+            None => self.read(r),
         }
-        self.cache.note_miss();
-        self.read(r)
     }
 
     /// Reads the node at `r` from its segment, checking its checksum and structure.

@@ -177,19 +177,22 @@ pub(crate) fn node_children(node: &Node) -> impl Iterator<Item = BlockRef> + '_ 
     children.chain(node.extents().map(|(_, r)| r))
 }
 
+/// Whether `slot` holds a node this transaction made dirty in `epoch` and alone holds:
+/// shadowing it is a no-op.
+fn exclusive(slot: &mut Child, epoch: u64) -> bool {
+    match slot {
+        Child::Mem(a) => a.epoch == epoch && a.disk.get().is_none() && Arc::get_mut(a).is_some(),
+        Child::Disk(_) => false,
+    }
+}
+
 /// Makes the node behind `slot` writable by this transaction and returns it.
 pub(crate) fn shadow<'c>(slot: &'c mut Child, ctx: &mut WriteCtx<'_>) -> Result<&'c mut Node> {
     // The common case, first and without a reference-count lookup: a node this
     // transaction already made dirty in this epoch and alone holds. A dirty node has
     // no address, so every parent holds it through an `Arc`: a single holder means a
     // single parent (a count of one), and no reader or version can see it.
-    let exclusive = match slot {
-        Child::Mem(a) => {
-            a.epoch == ctx.epoch && a.disk.get().is_none() && Arc::get_mut(a).is_some()
-        }
-        Child::Disk(_) => false,
-    };
-    if exclusive {
+    if exclusive(slot, ctx.epoch) {
         debug_assert_eq!(ctx.count(&ctx.refs.target(slot)), 1);
         let Child::Mem(a) = slot else {
             unreachable!("checked above")
@@ -452,20 +455,67 @@ fn insert_below(
 }
 
 /// Deletes `key`. Returns its value if it was present. A key that is absent changes
-/// nothing (no node is shadowed).
+/// nothing (no node is shadowed, nothing is merged).
+///
+/// One descent: while the path is this transaction's own dirty nodes, shadowing them
+/// changes nothing, so the descent goes ahead without knowing whether the key is
+/// there. Before the first step that would change something (copying a node that is
+/// not exclusively ours, or fixing a thin child), it looks the key up from there down,
+/// read-only, and stops if it is absent ([`Presence`]). A large delete transaction owns
+/// the upper levels after its first few deletes, so most deletes look up only the leaf.
 pub(crate) fn delete(
     root: &mut Option<Child>,
     key: &[u8],
     ctx: &mut WriteCtx<'_>,
 ) -> Result<Option<OldValue>> {
-    if !super::contains(ctx.loader, root.as_ref(), key)? {
+    let Some(slot) = root.as_mut() else {
+        return Ok(None);
+    };
+    let mut presence = Presence::Unknown;
+    if !presence.confirm_before_change(slot, key, ctx)? {
         return Ok(None);
     }
-    let slot = root.as_mut().expect("the key was found");
     let node = shadow(slot, ctx)?;
-    let old = delete_below(node, key, ctx)?;
+    let old = delete_below(node, key, &mut presence, ctx)?;
     collapse_root(root);
     Ok(old)
+}
+
+/// Whether a delete's key is known to be in the tree.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Presence {
+    Unknown,
+    Confirmed,
+}
+
+impl Presence {
+    /// Called before a step below `slot` that may change the tree (shadowing `slot`,
+    /// fixing it): returns whether the delete may go on, looking the key up in
+    /// `slot`'s subtree first if that step would change something and the key is
+    /// not confirmed yet.
+    fn confirm_before_change(
+        &mut self,
+        slot: &mut Child,
+        key: &[u8],
+        ctx: &WriteCtx<'_>,
+    ) -> Result<bool> {
+        if *self == Presence::Confirmed || exclusive(slot, ctx.epoch) {
+            return Ok(true);
+        }
+        self.confirm(slot, key, ctx)
+    }
+
+    /// Looks the key up in `slot`'s subtree, read-only.
+    fn confirm(&mut self, slot: &Child, key: &[u8], ctx: &WriteCtx<'_>) -> Result<bool> {
+        if *self == Presence::Confirmed {
+            return Ok(true);
+        }
+        let found = super::contains(ctx.loader, Some(slot), key)?;
+        if found {
+            *self = Presence::Confirmed;
+        }
+        Ok(found)
+    }
 }
 
 /// An empty leaf root empties the tree; a branch root with one child is replaced by it.
@@ -490,7 +540,12 @@ fn collapse_root(root: &mut Option<Child>) {
     }
 }
 
-fn delete_below(node: &mut Node, key: &[u8], ctx: &mut WriteCtx<'_>) -> Result<Option<OldValue>> {
+fn delete_below(
+    node: &mut Node,
+    key: &[u8],
+    presence: &mut Presence,
+    ctx: &mut WriteCtx<'_>,
+) -> Result<Option<OldValue>> {
     let Node {
         body, size, level, ..
     } = node;
@@ -507,8 +562,15 @@ fn delete_below(node: &mut Node, key: &[u8], ctx: &mut WriteCtx<'_>) -> Result<O
         },
         Body::Branch(entries) => {
             let mut idx = child_index(entries, &Probe::new(key));
+            if !presence.confirm_before_change(&mut entries[idx].child, key, ctx)? {
+                return Ok(None);
+            }
             let child = shadow_child(&mut entries[idx].child, *level, ctx)?;
             if child.size < NODE_MIN && entries.len() > 1 {
+                // A fix merges or rebalances with a sibling: a change, whoever owns them.
+                if !presence.confirm(&entries[idx].child, key, ctx)? {
+                    return Ok(None);
+                }
                 let size_change = fix(entries, idx, ctx)?;
                 // A merge or a rebalance moves the boundary: look the key up again.
                 idx = child_index(entries, &Probe::new(key));
@@ -516,7 +578,7 @@ fn delete_below(node: &mut Node, key: &[u8], ctx: &mut WriteCtx<'_>) -> Result<O
                     .expect("node size stays positive");
             }
             let child = shadow(&mut entries[idx].child, ctx)?;
-            delete_below(child, key, ctx)
+            delete_below(child, key, presence, ctx)
         }
         Body::Packed(_) => unreachable!("shadow unpacks a node before a writer edits it"),
     }
