@@ -44,6 +44,10 @@ pub(crate) const LEAF_ENTRY_MAX: usize = 2 + 1 + MAX_KEY_LEN + 4 + INLINE_VALUE_
 /// Deepest tree we accept from disk; a bound on descent against corrupted pointers.
 pub(crate) const MAX_DEPTH: usize = 32;
 
+/// Where a leaf entry's key starts in the entry: after its key length (u16) and its
+/// value tag (u8).
+pub(crate) const LEAF_KEY_AT: usize = 3;
+
 pub(crate) const KIND_LEAF: u8 = 1;
 pub(crate) const KIND_BRANCH: u8 = 2;
 pub(crate) const VALUE_INLINE: u8 = 0;

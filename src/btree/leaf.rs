@@ -21,7 +21,7 @@
 //!   at `offs[i]`;
 //! - `live` is the sum of the encoded sizes of the entries `offs` reaches.
 
-use super::layout::{head_of, read_block_ref, ValueRef, VALUE_EXTENT, VALUE_INLINE};
+use super::layout::{head_of, read_block_ref, ValueRef, LEAF_KEY_AT, VALUE_EXTENT, VALUE_INLINE};
 use crate::format::{len_u16, len_u32, put_u16, put_u32, put_u8, BlockRef};
 
 /// Bytes of spare heap a leaf gets when it is unpacked for editing.
@@ -38,7 +38,7 @@ pub(crate) struct LeafBuf {
 
 /// Bytes an entry of `key_len` and `value` takes, encoded.
 pub(crate) fn entry_size(key_len: usize, value: ValueRef<'_>) -> usize {
-    2 + 1
+    LEAF_KEY_AT
         + key_len
         + match value {
             ValueRef::Inline(v) => 4 + v.len(),
@@ -67,7 +67,7 @@ pub(crate) fn encode_entry(out: &mut Vec<u8>, key: &[u8], value: ValueRef<'_>) {
 /// The key of the entry starting at `at` in `heap` (which must hold a complete one).
 fn key_at(heap: &[u8], at: usize) -> &[u8] {
     let key_len = usize::from(u16::from_le_bytes([heap[at], heap[at + 1]]));
-    &heap[at + 3..at + 3 + key_len]
+    &heap[at + LEAF_KEY_AT..at + LEAF_KEY_AT + key_len]
 }
 
 /// The parts of the entry starting at `at` in `heap` (which must hold a complete one):
@@ -75,7 +75,7 @@ fn key_at(heap: &[u8], at: usize) -> &[u8] {
 fn entry_at(heap: &[u8], at: usize) -> (&[u8], ValueRef<'_>) {
     let key = key_at(heap, at);
     let tag = heap[at + 2];
-    let value_at = at + 3 + key.len();
+    let value_at = at + LEAF_KEY_AT + key.len();
     if tag == VALUE_EXTENT {
         return (key, ValueRef::Extent(read_block_ref(heap, value_at)));
     }
@@ -106,8 +106,8 @@ impl LeafBuf {
         leaf
     }
 
-    /// A leaf holding `len` entries whose encodings lie back to back in `bytes`,
-    /// starting at the given offsets (a packed node's entry area: its parse checked
+    /// A leaf of the entries whose encodings lie back to back in `bytes`, starting
+    /// at the given offsets (a packed node's entry area: its parse checked
     /// that every entry is complete and that the keys are strictly increasing).
     pub(crate) fn from_encoded(bytes: &[u8], starts: impl Iterator<Item = usize>) -> LeafBuf {
         let offs: Vec<u32> = starts.map(len_u32).collect();

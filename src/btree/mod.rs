@@ -140,16 +140,15 @@ impl Loader<'_> {
     /// set), or loaded and checked as [`Loader::child_of`] does, then linked.
     pub(crate) fn child_at(&self, parent: &Node, i: usize) -> Result<Arc<Node>> {
         let child = parent.child(i);
-        if let ChildRef::Disk(_) = child {
-            if let Some(node) = parent.linked_child(i) {
-                self.cache.touch(&node);
-                return Ok(node);
-            }
+        if let ChildRef::Mem(_) = child {
+            return self.child_of(parent.level, child);
+        }
+        if let Some(node) = parent.linked_child(i) {
+            self.cache.touch(&node);
+            return Ok(node);
         }
         let node = self.child_of(parent.level, child)?;
-        if let ChildRef::Disk(_) = child {
-            parent.link_child(i, &node);
-        }
+        parent.link_child(i, &node);
         Ok(node)
     }
 

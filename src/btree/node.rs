@@ -223,15 +223,7 @@ pub(crate) fn branch_entry_size(key_len: usize) -> usize {
 impl Node {
     pub(crate) fn new_leaf(entries: LeafBuf, epoch: u64) -> Node {
         let size = HEADER_SIZE + entries.encoded_size();
-        Node {
-            level: 0,
-            body: Body::Leaf(entries),
-            size,
-            epoch,
-            disk: OnceLock::new(),
-            links: Box::default(),
-            credit: AtomicU8::new(0),
-        }
+        Node::dirty(0, Body::Leaf(entries), size, epoch)
     }
 
     pub(crate) fn new_branch(level: u8, entries: Vec<BranchEntry>, epoch: u64) -> Node {
@@ -241,9 +233,14 @@ impl Node {
                 .iter()
                 .map(|e| branch_entry_size(e.key.len()))
                 .sum::<usize>();
+        Node::dirty(level, Body::Branch(entries), size, epoch)
+    }
+
+    /// A node not written yet, made dirty in `epoch`.
+    fn dirty(level: u8, body: Body, size: usize, epoch: u64) -> Node {
         Node {
             level,
-            body: Body::Branch(entries),
+            body,
             size,
             epoch,
             disk: OnceLock::new(),
@@ -285,15 +282,7 @@ impl Node {
                     .collect(),
             ),
         };
-        Node {
-            level: self.level,
-            body,
-            size: self.size,
-            epoch,
-            disk: OnceLock::new(),
-            links: Box::default(),
-            credit: AtomicU8::new(0),
-        }
+        Node::dirty(self.level, body, self.size, epoch)
     }
 
     pub(crate) fn is_dirty(&self) -> bool {

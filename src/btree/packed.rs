@@ -26,8 +26,8 @@
 //! - a leaf's tags are `VALUE_INLINE` or `VALUE_EXTENT`; a branch has an entry.
 
 use super::layout::{
-    head_of, read_block_ref, ValueRef, CRC_FROM, HEADER_SIZE, KIND_BRANCH, KIND_LEAF, MAX_DEPTH,
-    NODE_MAGIC, VALUE_EXTENT, VALUE_INLINE,
+    head_of, read_block_ref, ValueRef, CRC_FROM, HEADER_SIZE, KIND_BRANCH, KIND_LEAF, LEAF_KEY_AT,
+    MAX_DEPTH, NODE_MAGIC, VALUE_EXTENT, VALUE_INLINE,
 };
 use super::leaf::LeafBuf;
 use crate::error::Result;
@@ -237,13 +237,11 @@ impl Packed {
 
     /// A leaf's entries in editable form: one copy of its entry bytes.
     pub(crate) fn to_leaf_buf(&self) -> LeafBuf {
-        // An entry's key follows its key length (u16) and value tag (u8).
-        const KEY_FROM_ENTRY: usize = 3;
         LeafBuf::from_encoded(
             &self.bytes[HEADER_SIZE..],
             self.slots
                 .iter()
-                .map(|s| s.key_at as usize - KEY_FROM_ENTRY - HEADER_SIZE),
+                .map(|s| s.key_at as usize - LEAF_KEY_AT - HEADER_SIZE),
         )
     }
 
