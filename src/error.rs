@@ -67,6 +67,9 @@ pub enum Error {
     /// No version (branch or snapshot) of that name.
     #[error("no version named {0:?}")]
     VersionNotFound(String),
+    /// No volume of that name: no version, or a version that is not a volume.
+    #[error("no volume named {0:?}")]
+    VolumeNotFound(String),
     /// A version of that name exists already.
     #[error("a version named {0:?} already exists")]
     VersionExists(String),

@@ -92,6 +92,9 @@ mod verify;
 // The public facade.
 mod store;
 
+// Above the facade: thin block volumes (trees of blocks), built on the public API.
+pub mod volume;
+
 pub use catalog::{check_version_name, VersionKind, MAIN_BRANCH, MAX_VERSION_NAME_LEN};
 pub use clean::CleanReport;
 pub use error::{Error, Result};

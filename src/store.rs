@@ -192,6 +192,25 @@ impl Store {
         ReadTxn::new(self.shared.clone(), self.shared.published(), version)
     }
 
+    /// The names of the versions, in the order they were made, with their kinds: the
+    /// committed catalog as readers see it, without the space accounting that
+    /// [`Store::versions`] computes.
+    pub fn version_names(&self) -> Vec<(String, VersionKind)> {
+        let view = self.shared.published();
+        view.versions
+            .iter()
+            .map(|v| (v.name.to_string(), v.kind))
+            .collect()
+    }
+
+    /// Whether `version` is a branch or a snapshot.
+    pub fn version_kind(&self, version: &str) -> Result<VersionKind> {
+        let view = self.shared.published();
+        view.version(version)
+            .map(|v| v.kind)
+            .ok_or_else(|| Error::VersionNotFound(version.to_owned()))
+    }
+
     /// Reads one key of `main`.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.read()?.get(key)
@@ -224,7 +243,7 @@ impl Store {
     pub fn snapshot_with(&self, source: &str, name: &str, durability: Durability) -> Result<()> {
         versions::make_version(
             &self.shared,
-            source,
+            Some(source),
             name,
             VersionKind::Snapshot,
             durability,
@@ -239,7 +258,42 @@ impl Store {
 
     /// [`Store::branch`] with a choice of durability (see [`Store::snapshot_with`]).
     pub fn branch_with(&self, source: &str, name: &str, durability: Durability) -> Result<()> {
-        versions::make_version(&self.shared, source, name, VersionKind::Branch, durability)
+        versions::make_version(
+            &self.shared,
+            Some(source),
+            name,
+            VersionKind::Branch,
+            durability,
+        )
+    }
+
+    /// Makes a new, empty branch `name`, made from no other version (a volume's tree
+    /// starts so). Durable on return.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let store = cambium::Store::create(dir.path())?;
+    /// store.put(b"k", b"v")?;
+    /// store.create_branch("scratch")?;
+    /// assert_eq!(store.read_at("scratch")?.first()?, None);
+    /// # Ok::<(), cambium::Error>(())
+    /// ```
+    pub fn create_branch(&self, name: &str) -> Result<()> {
+        self.create_branch_with(name, Durability::Immediate)
+    }
+
+    /// [`Store::create_branch`] with a choice of durability (see [`Store::snapshot_with`]).
+    pub fn create_branch_with(&self, name: &str, durability: Durability) -> Result<()> {
+        versions::make_version(&self.shared, None, name, VersionKind::Branch, durability)
+    }
+
+    /// Makes every transaction committed so far durable (those committed with
+    /// [`Durability::Deferred`] included): one WAL fsync, shared with any other
+    /// committer waiting for one, after the segments holding their out-of-line values.
+    pub fn sync(&self) -> Result<()> {
+        let shared = &self.shared;
+        shared.check_writable()?;
+        commit::sync_to(shared, shared.wal.last_lsn())
     }
 
     /// Removes the version `name`. The version is gone at once (durable on return);

@@ -163,6 +163,23 @@ impl<'s> WriteTxn<'s> {
         get_borrowed(self.shared.loader(), self.root.as_ref(), key, f)
     }
 
+    /// Up to `limit` keys `k` with `start <= k < end`, in order, as this transaction
+    /// sees them (its own writes included), never reading a value: what a range
+    /// delete visits, so that it touches only keys that are there.
+    pub fn keys_in(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Vec<u8>>> {
+        let loader = self.shared.loader();
+        let mut keys = Vec::new();
+        let mut cursor = Cursor::seek(loader, self.root.as_ref(), Seek::AtOrAfter(start, false))?;
+        while keys.len() < limit {
+            match cursor.current() {
+                Some((key, _)) if key < end => keys.push(key.to_vec()),
+                _ => break,
+            }
+            cursor.advance(loader)?;
+        }
+        Ok(keys)
+    }
+
     /// Applies `op` to the working root. Returns whether a value was replaced or
     /// removed. A failure fails the whole transaction.
     fn apply(&mut self, op: &Op<'_>) -> Result<bool> {

@@ -178,18 +178,23 @@ pub(crate) const DROP_STEP_NODES: usize = 256;
 /// source's root; constant time.
 pub(crate) fn make_version(
     shared: &Shared,
-    source: &str,
+    source: Option<&str>,
     name: &str,
     kind: VersionKind,
     durability: Durability,
 ) -> Result<()> {
     check_version_name(name)?;
     let w = shared.lock_writer_checked()?;
-    let source_id = w
-        .catalog
-        .by_name(source)
-        .ok_or_else(|| Error::VersionNotFound(source.to_owned()))?
-        .id;
+    let source_id = match source {
+        None => None,
+        Some(source) => Some(
+            w.catalog
+                .by_name(source)
+                .ok_or_else(|| Error::VersionNotFound(source.to_owned()))?
+                .id
+                .0,
+        ),
+    };
     if w.catalog.by_name(name).is_some() {
         return Err(Error::VersionExists(name.to_owned()));
     }
@@ -199,7 +204,7 @@ pub(crate) fn make_version(
     }
     let op = VersionOp::Create {
         id,
-        source: source_id.0,
+        source: source_id,
         snapshot: kind == VersionKind::Snapshot,
         created_unix_ms: now_unix_ms(),
         created_checkpoint: shared.durable_generation(),

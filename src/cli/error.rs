@@ -92,7 +92,7 @@ impl fmt::Display for CliError {
 /// The exit code for a library error.
 pub fn exit_code_for(e: &cambium::Error) -> i32 {
     match e {
-        cambium::Error::VersionNotFound(_) => EXIT_NOT_FOUND,
+        cambium::Error::VersionNotFound(_) | cambium::Error::VolumeNotFound(_) => EXIT_NOT_FOUND,
         cambium::Error::InvalidVersionName(_) => EXIT_USAGE,
         cambium::Error::VersionExists(_) | cambium::Error::ReadOnly(_) => EXIT_FAILURE,
         cambium::Error::Corrupted { .. } => EXIT_CORRUPTED,

@@ -180,7 +180,7 @@ pub(crate) fn apply_record(
 }
 
 /// Adds the version a `Create` record describes: its root is its source's root, which
-/// gains a parent (Rodeh §5: the clone is O(1)). The live path checks the name and
+/// gains a parent (Rodeh §5: the clone is O(1)), or no root for a new empty branch. The live path checks the name and
 /// source before logging, so here a failure means a damaged log.
 pub(crate) fn create_version(w: &mut WriterState, op: &VersionOp, lsn: Lsn) -> Result<()> {
     let VersionOp::Create {
@@ -197,14 +197,17 @@ pub(crate) fn create_version(w: &mut WriterState, op: &VersionOp, lsn: Lsn) -> R
             "a drop where a create was expected",
         ));
     };
-    let root = w
-        .catalog
-        .versions
-        .iter()
-        .find(|v| v.id.0 == *source)
-        .ok_or_else(|| Error::corrupted("wal", format!("clone of unknown version {source}")))?
-        .root
-        .clone();
+    let root = match source {
+        None => None,
+        Some(source) => w
+            .catalog
+            .versions
+            .iter()
+            .find(|v| v.id.0 == *source)
+            .ok_or_else(|| Error::corrupted("wal", format!("clone of unknown version {source}")))?
+            .root
+            .clone(),
+    };
     if w.catalog.by_name(name).is_some() || w.catalog.versions.iter().any(|v| v.id.0 == *id) {
         return Err(Error::corrupted(
             "wal",
@@ -224,7 +227,7 @@ pub(crate) fn create_version(w: &mut WriterState, op: &VersionOp, lsn: Lsn) -> R
         } else {
             VersionKind::Branch
         },
-        parent: Some(VersionId(*source)),
+        parent: source.map(VersionId),
         created_unix_ms: *created_unix_ms,
         created_lsn: lsn,
         created_checkpoint: *created_checkpoint,

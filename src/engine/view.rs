@@ -6,7 +6,7 @@
 //! view can always read every node its roots reach.
 
 use crate::btree::node::Child;
-use crate::catalog::Catalog;
+use crate::catalog::{Catalog, VersionKind};
 use crate::format::Lsn;
 use crate::sync::lock;
 use std::collections::BTreeMap;
@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 #[derive(Clone)]
 pub(crate) struct ViewVersion {
     pub name: Arc<str>,
+    pub kind: VersionKind,
     pub root: Option<Child>,
 }
 
@@ -35,6 +36,7 @@ impl View {
             .iter()
             .map(|v| ViewVersion {
                 name: v.name.clone(),
+                kind: v.kind,
                 root: v.root.clone(),
             })
             .collect();
@@ -47,10 +49,12 @@ impl View {
 
     /// The root of the version called `name`, if the view has one by that name.
     pub(crate) fn root(&self, name: &str) -> Option<&Option<Child>> {
-        self.versions
-            .iter()
-            .find(|v| &*v.name == name)
-            .map(|v| &v.root)
+        self.version(name).map(|v| &v.root)
+    }
+
+    /// The version called `name`, if the view has one by that name.
+    pub(crate) fn version(&self, name: &str) -> Option<&ViewVersion> {
+        self.versions.iter().find(|v| &*v.name == name)
     }
 }
 

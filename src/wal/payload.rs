@@ -32,6 +32,8 @@ const OP_DELETE: u8 = 3;
 
 const VERSION_CREATE: u8 = 1;
 const VERSION_DROP: u8 = 2;
+/// A create record's source for a new empty branch.
+const NO_SOURCE: u32 = u32::MAX;
 
 /// Where a batch payload's op count sits: after the branch id.
 const BATCH_COUNT_OFFSET: usize = 4;
@@ -268,10 +270,11 @@ impl BatchWriter {
 /// A logged catalog change.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum VersionOp {
-    /// A snapshot (read-only) or branch (writable) `id` named `name`, of `source`.
+    /// A snapshot (read-only) or branch (writable) `id` named `name`, of `source`;
+    /// without a source, a new empty branch (a volume's tree starts so).
     Create {
         id: u32,
-        source: u32,
+        source: Option<u32>,
         snapshot: bool,
         created_unix_ms: u64,
         created_checkpoint: u64,
@@ -294,7 +297,7 @@ impl VersionOp {
             } => {
                 put_u32(b, *id);
                 b.extend_from_slice(&[VERSION_CREATE, 0, 0, 0]);
-                put_u32(b, *source);
+                put_u32(b, source.unwrap_or(NO_SOURCE));
                 put_u8(b, u8::from(*snapshot));
                 put_u64(b, *created_unix_ms);
                 put_u64(b, *created_checkpoint);
@@ -317,7 +320,10 @@ impl VersionOp {
         }
         let op = match op {
             VERSION_CREATE => {
-                let source = d.u32()?;
+                let source = match d.u32()? {
+                    NO_SOURCE => None,
+                    id => Some(id),
+                };
                 let snapshot = match d.u8()? {
                     0 => false,
                     1 => true,
@@ -395,11 +401,19 @@ mod tests {
         let records = [
             Record::Version(VersionOp::Create {
                 id: 4,
-                source: 0,
+                source: Some(0),
                 snapshot: true,
                 created_unix_ms: 12,
                 created_checkpoint: 3,
                 name: "snap".into(),
+            }),
+            Record::Version(VersionOp::Create {
+                id: 5,
+                source: None,
+                snapshot: false,
+                created_unix_ms: 13,
+                created_checkpoint: 3,
+                name: "disk".into(),
             }),
             Record::Version(VersionOp::Drop { id: 4 }),
             Record::CheckpointCommit { generation: 99 },

@@ -1,0 +1,506 @@
+//! Thin block volumes: a volume is a branch whose keys are block numbers and whose
+//! values are the blocks (DESIGN.md, "Volumes are trees"; paper 000 §5.7).
+//!
+//! A block that was never written, was trimmed, or was written with zeroes has no
+//! key: it reads as zeroes and takes no space. A block of 4 KiB (any block above
+//! 1 KiB) is written once, at `put`, as an extent of its own at the tail of the
+//! active segment; only its reference goes through the WAL and the tree. Snapshot
+//! and clone of a volume are the store's snapshot and branch, so they cost O(1) and
+//! share every block until one side writes it; dropping a volume frees what only it
+//! referenced; the cleaner moves its blocks like any other extent, by back
+//! references.
+//!
+//! The tree holds one more key, the header (size and block size), so that a
+//! snapshot keeps the geometry it had (`header.rs`).
+//!
+//! ```
+//! # fn main() -> cambium::Result<()> {
+//! use cambium::volume::Volume;
+//! use cambium::Durability;
+//! use std::sync::Arc;
+//! let dir = tempfile::tempdir()?;
+//! let store = Arc::new(cambium::Store::create(dir.path())?);
+//! let disk = Volume::create(&store, "disk", 1 << 20, 4096)?;
+//! disk.write_at(8192, b"hello", Durability::Immediate)?;
+//! Volume::snapshot(&store, "disk", "disk.1")?;
+//! disk.write_at(8192, b"HELLO", Durability::Immediate)?;
+//!
+//! let mut buf = [0u8; 5];
+//! Volume::open(&store, "disk.1")?.read_at(8192, &mut buf)?;
+//! assert_eq!(&buf, b"hello");
+//! assert_eq!(disk.allocated_bytes()?, 4096); // one block; the rest are holes
+//! # Ok(()) }
+//! ```
+
+mod blocks;
+mod header;
+
+pub use header::{DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE, MAX_VOLUME_SIZE, MIN_BLOCK_SIZE};
+
+use crate::catalog::VersionKind;
+use crate::error::{Error, Result};
+use crate::options::Durability;
+use crate::store::Store;
+use crate::txn::WriteTxn;
+use blocks::{block_key, block_of, is_zero, pieces, Piece};
+use header::{check_size, Header, HEADER_KEY};
+use serde::Serialize;
+use std::sync::Arc;
+
+/// How many keys a range delete (trim, write-zeroes, shrink) removes per step.
+const DELETE_STEP_KEYS: usize = 4096;
+
+/// A handle on one volume (a branch, or a read-only snapshot). Cheap; any number
+/// may be open on one volume, in any threads.
+#[derive(Clone, Debug)]
+pub struct Volume {
+    store: Arc<Store>,
+    name: String,
+    header: Header,
+    kind: VersionKind,
+}
+
+/// A run of a volume's address space, as [`Volume::allocation`] reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Run {
+    /// Its length in bytes.
+    pub len: u64,
+    /// Whether its blocks are stored (false: a hole, which reads as zeroes).
+    pub allocated: bool,
+}
+
+/// One volume, as [`Volume::list`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct VolumeInfo {
+    /// Its name (a version's name).
+    pub name: String,
+    /// Whether it is a read-only snapshot.
+    pub snapshot: bool,
+    /// The version it was made from, if that still exists.
+    pub parent: Option<String>,
+    /// Its size: the bytes a client sees.
+    pub size_bytes: u64,
+    /// Its block size.
+    pub block_size: u32,
+    /// Bytes of blocks stored (blocks written and not trimmed or zeroed).
+    pub allocated_bytes: u64,
+    /// Bytes only this volume references (blocks and tree nodes): what dropping it
+    /// would free.
+    pub exclusive_bytes: u64,
+    /// Bytes it references that other versions reference too.
+    pub shared_bytes: u64,
+    /// When it was made, in milliseconds since the Unix epoch.
+    pub created_unix_ms: u64,
+}
+
+impl Volume {
+    /// Makes a new, empty volume `name` of `size_bytes` (a positive multiple of
+    /// `block_size`, a power of two from 512 B to 1 MiB). Durable on return.
+    pub fn create(
+        store: &Arc<Store>,
+        name: &str,
+        size_bytes: u64,
+        block_size: u32,
+    ) -> Result<Volume> {
+        let header = Header::new(size_bytes, block_size)?;
+        // Two records, one fsync: a crash between them leaves an empty branch that
+        // is not a volume (no header), which `volume list` does not show.
+        store.create_branch_with(name, Durability::Deferred)?;
+        let mut txn = store.begin_write_on(name)?;
+        txn.put(HEADER_KEY, &header.encode())?;
+        txn.commit()?;
+        Ok(Volume {
+            store: store.clone(),
+            name: name.to_owned(),
+            header,
+            kind: VersionKind::Branch,
+        })
+    }
+
+    /// Opens volume `name`: [`Error::VolumeNotFound`] if there is no such version or
+    /// it is not a volume.
+    pub fn open(store: &Arc<Store>, name: &str) -> Result<Volume> {
+        let not_found = |e| match e {
+            Error::VersionNotFound(_) => Error::VolumeNotFound(name.to_owned()),
+            e => e,
+        };
+        let kind = store.version_kind(name).map_err(not_found)?;
+        let read = store.read_at(name).map_err(not_found)?;
+        let header = read
+            .get_with(HEADER_KEY, |b| Header::decode(name, b))?
+            .ok_or_else(|| Error::VolumeNotFound(name.to_owned()))??;
+        Ok(Volume {
+            store: store.clone(),
+            name: name.to_owned(),
+            header,
+            kind,
+        })
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its size in bytes, as of when this handle was opened (or last resized).
+    pub fn size(&self) -> u64 {
+        self.header.size_bytes
+    }
+
+    /// Its block size in bytes.
+    pub fn block_size(&self) -> u32 {
+        self.header.block_size
+    }
+
+    /// Whether it is a snapshot (writes fail with [`Error::ReadOnly`]).
+    pub fn is_read_only(&self) -> bool {
+        self.kind == VersionKind::Snapshot
+    }
+
+    /// The store it lives in.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// Fills `buf` from `offset`; holes read as zeroes.
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check_range(offset, buf.len() as u64)?;
+        let read = self.store.read_at(&self.name)?;
+        let bs = self.header.block_size as usize;
+        let mut ps = pieces(offset, buf.len(), self.header.block_size);
+        if let (Some(p), None) = (ps.next(), ps.next()) {
+            // One block: a point lookup.
+            let dst = &mut buf[p.at..p.at + p.len];
+            let found = read.get_with(&block_key(p.block), |b| copy_piece(b, bs, &p, dst))?;
+            return match found {
+                Some(r) => r,
+                None => {
+                    dst.fill(0);
+                    Ok(())
+                }
+            };
+        }
+        buf.fill(0);
+        let first = offset / bs as u64;
+        let end = (offset + buf.len() as u64).div_ceil(bs as u64);
+        let (lo, hi) = (block_key(first), block_key(end));
+        let mut iter = read.range(&lo[..]..&hi[..])?;
+        while let Some(entry) = iter.next_ref() {
+            let (key, value) = entry?;
+            let block = block_of(key).ok_or_else(|| self.bad_key(key))?;
+            if let Some(p) = piece_of(offset, buf.len(), bs, block) {
+                copy_piece(value, bs, &p, &mut buf[p.at..p.at + p.len])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at `offset`, in one atomic transaction. All-zero blocks become
+    /// holes. `Durability::Deferred` returns once the write is visible (an NBD write
+    /// without FUA); it becomes durable at the next [`Volume::sync`].
+    pub fn write_at(&self, offset: u64, data: &[u8], durability: Durability) -> Result<()> {
+        self.check_range(offset, data.len() as u64)?;
+        let mut txn = self.begin(durability)?;
+        let bs = self.header.block_size as usize;
+        let mut scratch = Vec::new();
+        for p in pieces(offset, data.len(), self.header.block_size) {
+            let src = &data[p.at..p.at + p.len];
+            let key = block_key(p.block);
+            if p.is_whole(bs) {
+                put_block(&mut txn, &key, src)?;
+            } else {
+                self.read_block(&txn, &key, &mut scratch)?;
+                scratch[p.within..p.within + p.len].copy_from_slice(src);
+                put_block(&mut txn, &key, &scratch)?;
+            }
+        }
+        txn.commit()
+    }
+
+    /// Makes `len` bytes from `offset` read as zeroes: whole blocks become holes
+    /// (taking no space), partial ones are rewritten.
+    pub fn write_zeroes(&self, offset: u64, len: u64, durability: Durability) -> Result<()> {
+        self.discard(offset, len, durability, true)
+    }
+
+    /// Discards the whole blocks within `len` bytes from `offset` (they become holes
+    /// and read as zeroes); the parts of partial blocks at either end are kept, as
+    /// TRIM allows.
+    pub fn trim(&self, offset: u64, len: u64, durability: Durability) -> Result<()> {
+        self.discard(offset, len, durability, false)
+    }
+
+    /// The allocation of `len` bytes from `offset`, as runs in order covering at
+    /// least the first block and at most `max_runs` runs; they may stop short of
+    /// `len` (ask again from where they end).
+    pub fn allocation(&self, offset: u64, len: u64, max_runs: usize) -> Result<Vec<Run>> {
+        self.check_range(offset, len)?;
+        let bs = u64::from(self.header.block_size);
+        let end = offset + len;
+        let read = self.store.read_at(&self.name)?;
+        let (lo, hi) = (block_key(offset / bs), block_key(end.div_ceil(bs)));
+        let max_runs = max_runs.max(1);
+        let mut runs: Vec<Run> = Vec::new();
+        let mut pos = offset;
+        let mut keys = read.range(&lo[..]..&hi[..])?.keys();
+        while pos < end && runs.len() < max_runs {
+            let Some(key) = keys.next_ref() else {
+                push_run(&mut runs, end - pos, false);
+                break;
+            };
+            let key = key?;
+            let block = block_of(key).ok_or_else(|| self.bad_key(key))?;
+            // The first block may start before `offset`; every block starts before `end`.
+            let start = (block * bs).max(pos);
+            if start > pos {
+                push_run(&mut runs, start - pos, false);
+            }
+            let block_end = ((block + 1) * bs).min(end);
+            push_run(&mut runs, block_end - start, true);
+            pos = block_end;
+        }
+        // The last step may have added a hole and a block beyond the limit.
+        runs.truncate(max_runs);
+        Ok(runs)
+    }
+
+    /// Bytes of blocks stored.
+    pub fn allocated_bytes(&self) -> Result<u64> {
+        let read = self.store.read_at(&self.name)?;
+        let (lo, hi) = (block_key(0), block_key(self.header.blocks()));
+        let blocks = read.count(&lo[..]..&hi[..])?;
+        Ok(blocks * u64::from(self.header.block_size))
+    }
+
+    /// Makes every write committed so far durable (an NBD flush).
+    pub fn sync(&self) -> Result<()> {
+        self.store.sync()
+    }
+
+    /// Changes the size. Shrinking drops the blocks past the new end, so growing
+    /// again later reads zeroes there. Durable on return.
+    pub fn resize(&mut self, size_bytes: u64) -> Result<()> {
+        check_size(size_bytes, self.header.block_size)?;
+        let header = Header::new(size_bytes, self.header.block_size)?;
+        let mut txn = self.begin(Durability::Immediate)?;
+        let (lo, hi) = (block_key(header.blocks()), block_key(u64::MAX));
+        delete_keys(&mut txn, &lo, &hi)?;
+        txn.put(HEADER_KEY, &header.encode())?;
+        txn.commit()?;
+        self.header = header;
+        Ok(())
+    }
+
+    /// Makes a read-only snapshot `name` of volume `source`, in constant time.
+    pub fn snapshot(store: &Arc<Store>, source: &str, name: &str) -> Result<Volume> {
+        Volume::open(store, source)?;
+        store.snapshot(source, name)?;
+        Volume::open(store, name)
+    }
+
+    /// Makes a writable clone `name` of volume `source` (a volume or a snapshot of
+    /// one), in constant time.
+    pub fn clone_volume(store: &Arc<Store>, source: &str, name: &str) -> Result<Volume> {
+        Volume::open(store, source)?;
+        store.branch(source, name)?;
+        Volume::open(store, name)
+    }
+
+    /// Removes volume `name`; its space comes back as for any dropped version.
+    pub fn drop_volume(store: &Arc<Store>, name: &str) -> Result<()> {
+        Volume::open(store, name)?;
+        store.drop_version(name)
+    }
+
+    /// Every volume (and volume snapshot) in the store, in the order they were made,
+    /// with its space. Walks the store's versions for the space figures.
+    pub fn list(store: &Arc<Store>) -> Result<Vec<VolumeInfo>> {
+        let mut out = Vec::new();
+        for v in store.versions()? {
+            let vol = match Volume::open(store, &v.name) {
+                Ok(vol) => vol,
+                Err(Error::VolumeNotFound(_)) => continue,
+                Err(e) => return Err(e),
+            };
+            out.push(VolumeInfo {
+                allocated_bytes: vol.allocated_bytes()?,
+                snapshot: vol.is_read_only(),
+                parent: v.parent,
+                size_bytes: vol.size(),
+                block_size: vol.block_size(),
+                exclusive_bytes: v.exclusive_bytes,
+                shared_bytes: v.referenced_bytes.saturating_sub(v.exclusive_bytes),
+                created_unix_ms: v.created_unix_ms,
+                name: v.name,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The names of the volumes and volume snapshots, with whether each is a
+    /// snapshot: cheap (no space accounting).
+    pub fn names(store: &Arc<Store>) -> Result<Vec<(String, bool)>> {
+        let mut out = Vec::new();
+        for (name, kind) in store.version_names() {
+            match store.read_at(&name) {
+                Ok(read) if read.contains_key(HEADER_KEY)? => {
+                    out.push((name, kind == VersionKind::Snapshot));
+                }
+                // Dropped since the names were read.
+                Ok(_) | Err(Error::VersionNotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    fn begin(&self, durability: Durability) -> Result<WriteTxn<'_>> {
+        let mut txn = self.store.begin_write_on(&self.name)?;
+        txn.set_durability(durability);
+        // The size may have changed since this handle was opened: a write past
+        // the current end would leave blocks a later grow would expose.
+        let current = txn
+            .get_with(HEADER_KEY, |b| Header::decode(&self.name, b))?
+            .ok_or_else(|| Error::VolumeNotFound(self.name.clone()))??;
+        if current.size_bytes < self.header.size_bytes {
+            return Err(Error::InvalidArgument(format!(
+                "volume {:?} shrank to {} bytes since it was opened",
+                self.name, current.size_bytes
+            )));
+        }
+        Ok(txn)
+    }
+
+    fn discard(&self, offset: u64, len: u64, durability: Durability, zero: bool) -> Result<()> {
+        self.check_range(offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let bs = u64::from(self.header.block_size);
+        let end = offset + len;
+        let (first_whole, end_whole) = (offset.div_ceil(bs), end / bs);
+        let mut txn = self.begin(durability)?;
+        if zero {
+            // The partial blocks at either end: rewrite them with their part zeroed.
+            let mut scratch = Vec::new();
+            let head = (offset, (first_whole * bs).min(end));
+            let tail = ((end_whole * bs).max(offset), end);
+            // Within one block the two are the same piece.
+            let parts = if head == tail {
+                vec![head]
+            } else {
+                vec![head, tail]
+            };
+            for (from, to) in parts {
+                if from < to {
+                    let key = block_key(from / bs);
+                    self.read_block(&txn, &key, &mut scratch)?;
+                    let within = (from % bs) as usize;
+                    scratch[within..within + (to - from) as usize].fill(0);
+                    put_block(&mut txn, &key, &scratch)?;
+                }
+            }
+        }
+        if first_whole < end_whole {
+            delete_keys(&mut txn, &block_key(first_whole), &block_key(end_whole))?;
+        }
+        txn.commit()
+    }
+
+    /// Reads block `key` as `txn` sees it into `scratch` (zeroes for a hole).
+    fn read_block(&self, txn: &WriteTxn<'_>, key: &[u8], scratch: &mut Vec<u8>) -> Result<()> {
+        let bs = self.header.block_size as usize;
+        scratch.clear();
+        scratch.resize(bs, 0);
+        let whole = Piece {
+            block: 0,
+            within: 0,
+            at: 0,
+            len: bs,
+        };
+        match txn.get_with(key, |b| copy_piece(b, bs, &whole, scratch))? {
+            Some(r) => r,
+            None => Ok(()),
+        }
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.header.size_bytes => Ok(()),
+            _ => Err(Error::InvalidArgument(format!(
+                "{len} bytes at offset {offset} go past the end of volume {:?} ({} bytes)",
+                self.name, self.header.size_bytes
+            ))),
+        }
+    }
+
+    fn bad_key(&self, key: &[u8]) -> Error {
+        Error::corrupted(
+            "volume",
+            format!(
+                "{}: a key of {} bytes among the blocks",
+                self.name,
+                key.len()
+            ),
+        )
+    }
+}
+
+/// Stores one whole block: a hole if it is all zeroes.
+fn put_block(txn: &mut WriteTxn<'_>, key: &[u8], block: &[u8]) -> Result<()> {
+    if is_zero(block) {
+        txn.delete(key)?;
+        Ok(())
+    } else {
+        txn.put(key, block)
+    }
+}
+
+/// Deletes every key in `[lo, hi)`, visiting only keys that are there.
+fn delete_keys(txn: &mut WriteTxn<'_>, lo: &[u8], hi: &[u8]) -> Result<()> {
+    loop {
+        let keys = txn.keys_in(lo, hi, DELETE_STEP_KEYS)?;
+        for key in &keys {
+            txn.delete(key)?;
+        }
+        if keys.len() < DELETE_STEP_KEYS {
+            return Ok(());
+        }
+    }
+}
+
+/// Copies piece `p` of a stored block into `dst`; a stored block of the wrong size
+/// is corruption.
+fn copy_piece(block: &[u8], block_size: usize, p: &Piece, dst: &mut [u8]) -> Result<()> {
+    if block.len() != block_size {
+        return Err(Error::corrupted(
+            "volume",
+            format!("a block of {} bytes, not {block_size}", block.len()),
+        ));
+    }
+    dst.copy_from_slice(&block[p.within..p.within + p.len]);
+    Ok(())
+}
+
+/// Block `block`'s piece of the byte range, if it has one.
+fn piece_of(offset: u64, len: usize, block_size: usize, block: u64) -> Option<Piece> {
+    let bs = block_size as u64;
+    let (start, end) = (block * bs, (block + 1) * bs);
+    let (from, to) = (start.max(offset), end.min(offset + len as u64));
+    (from < to).then(|| Piece {
+        block,
+        within: (from - start) as usize,
+        at: (from - offset) as usize,
+        len: (to - from) as usize,
+    })
+}
+
+fn push_run(runs: &mut Vec<Run>, len: u64, allocated: bool) {
+    match runs.last_mut() {
+        Some(last) if last.allocated == allocated => last.len += len,
+        _ => runs.push(Run { len, allocated }),
+    }
+}
+
+#[cfg(test)]
+mod tests;

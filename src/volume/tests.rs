@@ -1,0 +1,187 @@
+//! Volumes against a model: a plain byte vector per volume, with snapshots frozen
+//! copies, through random writes, zeroes, trims, resizes and reopens.
+
+use super::*;
+use crate::Store;
+
+/// xorshift64*: deterministic, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+const BS: u64 = 4096;
+
+fn random_data(rng: &mut Rng, len: usize) -> Vec<u8> {
+    match rng.below(4) {
+        // Zeroes, which become holes.
+        0 => vec![0; len],
+        _ => (0..len).map(|_| rng.next() as u8).collect(),
+    }
+}
+
+fn check(vol: &Volume, model: &[u8]) {
+    assert_eq!(vol.size(), model.len() as u64);
+    let mut buf = vec![0xAA; model.len()];
+    vol.read_at(0, &mut buf).unwrap();
+    assert!(buf == model, "{} differs from the model", vol.name());
+    // Allocation runs cover the volume, and every hole reads as zeroes.
+    let mut pos = 0;
+    for run in vol.allocation(0, model.len() as u64, usize::MAX).unwrap() {
+        if !run.allocated {
+            let hole = &model[pos as usize..(pos + run.len) as usize];
+            assert!(hole.iter().all(|&b| b == 0), "a hole at {pos} holds data");
+        }
+        pos += run.len;
+    }
+    assert_eq!(pos, model.len() as u64);
+}
+
+#[test]
+fn random_operations_match_a_byte_model_across_reopens() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s");
+    let mut store = Arc::new(Store::create(&path).unwrap());
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut model = vec![0u8; (64 * BS) as usize];
+    let mut vol = Volume::create(&store, "disk", model.len() as u64, BS as u32).unwrap();
+    let mut snapshots: Vec<(String, Vec<u8>)> = Vec::new();
+    for step in 0..600 {
+        let size = model.len() as u64;
+        match rng.below(20) {
+            0..=9 => {
+                let offset = rng.below(size);
+                let len = rng.below((size - offset).min(5 * BS)) as usize + 1;
+                let len = len.min((size - offset) as usize);
+                let data = random_data(&mut rng, len);
+                vol.write_at(offset, &data, Durability::Deferred).unwrap();
+                model[offset as usize..offset as usize + len].copy_from_slice(&data);
+            }
+            10..=11 => {
+                let offset = rng.below(size);
+                let len = rng.below(size - offset + 1);
+                vol.write_zeroes(offset, len, Durability::Deferred).unwrap();
+                model[offset as usize..(offset + len) as usize].fill(0);
+            }
+            12..=13 => {
+                let offset = rng.below(size);
+                let len = rng.below(size - offset + 1);
+                vol.trim(offset, len, Durability::Deferred).unwrap();
+                // Only whole blocks are discarded.
+                let (a, b) = (offset.div_ceil(BS) * BS, (offset + len) / BS * BS);
+                if a < b {
+                    model[a as usize..b as usize].fill(0);
+                }
+            }
+            14 => {
+                let name = format!("snap{step}");
+                Volume::snapshot(&store, "disk", &name).unwrap();
+                snapshots.push((name, model.clone()));
+            }
+            15 => {
+                let blocks = rng.below(96) + 1;
+                vol.resize(blocks * BS).unwrap();
+                model.resize((blocks * BS) as usize, 0);
+            }
+            16 => {
+                drop(vol);
+                Arc::into_inner(store).unwrap().close().unwrap();
+                store = Arc::new(Store::open(&path).unwrap());
+                vol = Volume::open(&store, "disk").unwrap();
+            }
+            _ => {
+                let mut one = [0u8; 1];
+                let at = rng.below(size);
+                vol.read_at(at, &mut one).unwrap();
+                assert_eq!(one[0], model[at as usize]);
+            }
+        }
+        if step % 50 == 0 {
+            check(&vol, &model);
+        }
+    }
+    check(&vol, &model);
+    for (name, frozen) in &snapshots {
+        let snap = Volume::open(&store, name).unwrap();
+        assert!(snap.is_read_only());
+        check(&snap, frozen);
+    }
+    let allocated = model
+        .chunks(BS as usize)
+        .filter(|b| b.iter().any(|&x| x != 0))
+        .count();
+    assert_eq!(vol.allocated_bytes().unwrap(), allocated as u64 * BS);
+    assert!(store.verify().unwrap().is_clean());
+}
+
+#[test]
+fn snapshots_are_read_only_and_clones_diverge() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::create(dir.path()).unwrap());
+    let base = Volume::create(&store, "base", 16 * BS, BS as u32).unwrap();
+    base.write_at(0, &[7u8; 8192], Durability::Immediate)
+        .unwrap();
+    let snap = Volume::snapshot(&store, "base", "base.1").unwrap();
+    assert!(matches!(
+        snap.write_at(0, b"x", Durability::Immediate),
+        Err(Error::ReadOnly(_))
+    ));
+    let clone = Volume::clone_volume(&store, "base.1", "work").unwrap();
+    clone
+        .write_at(4096, &[9u8; 4096], Durability::Immediate)
+        .unwrap();
+    let mut b = [0u8; 2];
+    base.read_at(4095, &mut b).unwrap();
+    assert_eq!(b, [7, 7]);
+    clone.read_at(4095, &mut b).unwrap();
+    assert_eq!(b, [7, 9]);
+    let names: Vec<String> = Volume::list(&store)
+        .unwrap()
+        .into_iter()
+        .map(|v| v.name)
+        .collect();
+    assert_eq!(names, ["base", "base.1", "work"]);
+    // main is a branch but not a volume.
+    assert!(matches!(
+        Volume::open(&store, "main"),
+        Err(Error::VolumeNotFound(_))
+    ));
+    assert!(matches!(
+        Volume::open(&store, "nope"),
+        Err(Error::VolumeNotFound(_))
+    ));
+    Volume::drop_volume(&store, "work").unwrap();
+    assert_eq!(Volume::names(&store).unwrap().len(), 2);
+}
+
+#[test]
+fn bad_geometry_and_ranges_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::create(dir.path()).unwrap());
+    assert!(Volume::create(&store, "a", 1000, 4096).is_err());
+    assert!(Volume::create(&store, "a", 4096, 1000).is_err());
+    let v = Volume::create(&store, "a", 8192, 4096).unwrap();
+    assert!(matches!(
+        Volume::create(&store, "a", 8192, 4096),
+        Err(Error::VersionExists(_))
+    ));
+    let mut buf = [0u8; 10];
+    assert!(v.read_at(8190, &mut buf).is_err());
+    assert!(v.read_at(u64::MAX - 2, &mut buf).is_err());
+    assert!(v.write_at(8192, b"x", Durability::Immediate).is_err());
+    assert!(v.write_zeroes(1, u64::MAX, Durability::Immediate).is_err());
+    // A handle opened before a shrink refuses to write past the new end.
+    let mut other = Volume::open(&store, "a").unwrap();
+    other.resize(4096).unwrap();
+    assert!(v.write_at(0, b"x", Durability::Immediate).is_err());
+    other.resize(8192).unwrap();
+}
