@@ -92,7 +92,10 @@ mod verify;
 // The public facade.
 mod store;
 
-// Above the facade: thin block volumes (trees of blocks), built on the public API.
+// Above the facade: the NBD protocol server (it names nothing of the engine), and
+// thin block volumes (trees of blocks, built on the public API) with their exports.
+pub mod nbd;
+
 pub mod volume;
 
 pub use catalog::{check_version_name, VersionKind, MAIN_BRANCH, MAX_VERSION_NAME_LEN};

@@ -244,6 +244,26 @@ pub enum Command {
         #[arg(long, value_name = "VERSION")]
         at: Option<String>,
     },
+    /// Thin block volumes: disk images as trees of blocks, with instant snapshots
+    /// and clones.
+    #[command(subcommand)]
+    Volume(VolumeCommand),
+    /// Serve every volume (and volume snapshot, read-only) over NBD, under its name,
+    /// until SIGTERM or SIGINT.
+    ///
+    /// Without --socket or --listen, listens on the Unix socket nbd.sock in DIR.
+    /// While it runs, the volume, snapshot, branch and drop commands on DIR are run by
+    /// the server (through DIR/control.sock), and what they make is exported at once.
+    Serve {
+        /// The store directory.
+        dir: PathBuf,
+        /// Listen on this Unix socket (a stale one left by a killed server is replaced).
+        #[arg(long, value_name = "PATH", conflicts_with = "listen")]
+        socket: Option<PathBuf>,
+        /// Listen on this TCP address, e.g. 127.0.0.1:10809.
+        #[arg(long, value_name = "ADDR:PORT")]
+        listen: Option<String>,
+    },
     /// A guided tour: create a store in a temporary directory, load data, read it
     /// back, show stats, make and compare versions, verify it, and explain each step.
     Tour {
@@ -255,6 +275,129 @@ pub enum Command {
         #[arg(long)]
         keep: bool,
     },
+}
+
+/// `volume` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum VolumeCommand {
+    /// Make a new, empty volume: every block reads as zeroes and takes no space.
+    Create {
+        /// The store directory.
+        dir: PathBuf,
+        /// The volume's name (as a version name).
+        name: String,
+        /// Its size: bytes, or with a suffix K, M, G, T, P (powers of 1024), e.g. 10G.
+        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+        size: u64,
+        /// The block size: a power of two from 512 to 1M.
+        #[arg(long, value_name = "SIZE", default_value = "4K", value_parser = parse_size)]
+        block_size: u64,
+    },
+    /// List the volumes and volume snapshots: size, allocated bytes, bytes only each
+    /// references (EXCLUSIVE: what dropping it frees) and bytes shared with others.
+    List {
+        /// The store directory.
+        dir: PathBuf,
+    },
+    /// Make a read-only snapshot NAME of VOLUME, in constant time.
+    Snapshot {
+        /// The store directory.
+        dir: PathBuf,
+        /// The volume.
+        volume: String,
+        /// The snapshot's name.
+        name: String,
+    },
+    /// Make a writable volume NAME from SOURCE (a volume or a snapshot), in constant
+    /// time; the two share every block until one of them writes it.
+    Clone {
+        /// The store directory.
+        dir: PathBuf,
+        /// The volume or snapshot to copy.
+        source: String,
+        /// The new volume's name.
+        name: String,
+    },
+    /// Remove a volume or snapshot; the space only it used comes back.
+    Drop {
+        /// The store directory.
+        dir: PathBuf,
+        /// The volume or snapshot.
+        name: String,
+    },
+    /// Change a volume's size; shrinking discards the blocks past the new end.
+    Resize {
+        /// The store directory.
+        dir: PathBuf,
+        /// The volume.
+        name: String,
+        /// The new size (e.g. 20G).
+        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+        size: u64,
+    },
+    /// Make a new volume NAME from a raw image FILE; zero blocks stay holes.
+    Import {
+        /// The store directory.
+        dir: PathBuf,
+        /// The new volume's name.
+        name: String,
+        /// The raw image.
+        file: PathBuf,
+        /// The block size.
+        #[arg(long, value_name = "SIZE", default_value = "4K", value_parser = parse_size)]
+        block_size: u64,
+    },
+    /// Write volume NAME to a raw image FILE, sparse: holes are not written.
+    Export {
+        /// The store directory.
+        dir: PathBuf,
+        /// The volume or snapshot.
+        name: String,
+        /// The file to write (replaced if it exists).
+        file: PathBuf,
+    },
+}
+
+/// A size for people: bytes, or a number with a binary suffix (K, M, G, T, P, E,
+/// optionally followed by "iB" or "B"), e.g. `10G`, `4KiB`, `1.5T`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let unit = unit.trim().to_ascii_uppercase();
+    let unit = unit
+        .strip_suffix("IB")
+        .or_else(|| unit.strip_suffix('B'))
+        .unwrap_or(&unit);
+    let shift = match unit {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        "P" => 50,
+        "E" => 60,
+        _ => {
+            return Err(format!(
+                "{s:?}: unknown size suffix (use K, M, G, T, P or E)"
+            ))
+        }
+    };
+    let bad = || format!("{s:?} is not a size (e.g. 512, 4K, 10G)");
+    let bytes = if let Ok(n) = number.parse::<u64>() {
+        n.checked_mul(1u64 << shift)
+            .ok_or_else(|| format!("{s:?} is too large"))?
+    } else {
+        let x: f64 = number.parse().map_err(|_| bad())?;
+        let v = x * (1u64 << shift) as f64;
+        if !(v.is_finite() && v >= 0.0 && v < u64::MAX as f64 && v.fract() == 0.0) {
+            return Err(format!("{s:?} is not a whole number of bytes"));
+        }
+        v as u64
+    };
+    Ok(bytes)
 }
 
 /// `scan` arguments.

@@ -10,13 +10,16 @@ mod admin; // init, checkpoint, stats, verify
 mod args; // the command line, as clap parses it
 mod batch; // batch: operations from stdin
 mod codec; // key and value text <-> bytes; sizes and times for people
+mod control; // the control socket: commands run by a serving process
 mod data; // put, get, del, scan
 mod error; // CliError and the exit codes
 mod open; // opening a store, a branch to write, a version to read
 mod output; // printing pairs, JSON, counts, the spinner
+mod serve; // serve: volumes over NBD
 mod space; // clean, defrag, shrink, backrefs
 mod tour; // tour: the guided walk
 mod versions; // snapshot, branch, versions, drop, diff
+mod volume; // volume create, list, snapshot, clone, drop, resize, import, export
 
 use args::{Cli, Command};
 use clap::Parser;
@@ -167,6 +170,12 @@ fn dispatch(cli: Cli) -> CliResult {
             space::backrefs(&ctx, &mut out, dir, *segment, at.as_deref())
         }
         Command::Tour { keys, keep } => tour::tour(&ctx, &mut out, *keys, *keep),
+        Command::Volume(cmd) => volume::command(&ctx, &mut out, cmd),
+        Command::Serve {
+            dir,
+            socket,
+            listen,
+        } => serve::serve(&ctx, &mut out, dir, socket.as_deref(), listen.as_deref()),
     };
     // Whatever was printed before a failure still goes out.
     let flushed = out.flush().map_err(output_error);

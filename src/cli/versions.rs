@@ -1,18 +1,22 @@
 //! The version commands: `snapshot`, `branch`, `versions`, `drop` and `diff`.
 
 use super::codec::{human_bytes, human_time_utc};
+use super::control::Request;
 use super::error::{output_error, CliError, CliResult};
-use super::open::{check_name, open_read_only, with_writable};
+use super::open::{check_name, open_read_only};
 use super::output::{print_json, print_key_value};
+use super::volume::{self, Outcome};
 use super::Ctx;
-use cambium::{Change, VersionInfo, VersionKind};
+use cambium::{Change, Store, VersionInfo, VersionKind};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Makes a snapshot or a branch, then prints what it made: a short line, or with
-/// `--json` the new version as `versions --json` lists it.
+/// `--json` the new version as `versions --json` lists it. While `serve` holds the
+/// store, the server makes it.
 fn make(
     ctx: &Ctx,
     out: &mut impl Write,
@@ -21,34 +25,38 @@ fn make(
     name: &str,
     kind: VersionKind,
 ) -> CliResult {
-    check_name(source)?;
-    check_name(name)?;
-    let info = with_writable(dir, |store| {
-        // Whatever the call returns, the listing below is the one place the JSON
-        // comes from, so `snapshot --json` always matches `versions --json`.
-        match kind {
-            VersionKind::Snapshot => {
-                store.snapshot(source, name)?;
-            }
-            VersionKind::Branch => {
-                store.branch(source, name)?;
-            }
-        }
-        ctx.committed(format!("{kind} {name:?} was created"));
-        if !ctx.json {
-            return Ok(None);
-        }
-        let info = store.versions()?.into_iter().find(|v| v.name == name);
-        match info {
-            Some(info) => Ok(Some(info)),
-            None => Err(CliError::failure(format!(
-                "{kind} {name:?} was made but is not listed"
-            ))),
-        }
-    })?;
-    match info {
-        Some(info) => print_json(out, &info),
-        None => writeln!(out, "created {kind} {name} from {source}").map_err(output_error),
+    let (source, name) = (source.to_owned(), name.to_owned());
+    let request = match kind {
+        VersionKind::Snapshot => Request::Snapshot { source, name },
+        VersionKind::Branch => Request::Branch { source, name },
+    };
+    volume::run(ctx, out, dir, request)
+}
+
+/// Makes a snapshot or a branch in an open store; the JSON is the new version as
+/// `versions --json` lists it.
+pub fn make_in(
+    store: &Arc<Store>,
+    json: bool,
+    source: &str,
+    name: &str,
+    kind: VersionKind,
+) -> CliResult<Outcome> {
+    match kind {
+        VersionKind::Snapshot => store.snapshot(source, name)?,
+        VersionKind::Branch => store.branch(source, name)?,
+    }
+    let text = format!("created {kind} {name} from {source}\n");
+    if !json {
+        return Outcome::new(text, serde_json::Value::Null);
+    }
+    // The listing is the one place the JSON comes from, so `snapshot --json` always
+    // matches `versions --json`.
+    match store.versions()?.into_iter().find(|v| v.name == name) {
+        Some(info) => Outcome::new(text, info),
+        None => Err(CliError::failure(format!(
+            "{kind} {name:?} was made but is not listed"
+        ))),
     }
 }
 
@@ -75,19 +83,18 @@ struct JsonDropped<'a> {
 }
 
 /// `cambium drop DIR NAME`: removes the version, then reclaims its space before the
-/// command exits.
+/// command exits (or, while `serve` holds the store, in the server's background).
 pub fn drop(ctx: &Ctx, out: &mut impl Write, dir: &Path, name: &str) -> CliResult {
-    check_name(name)?;
-    with_writable(dir, |store| {
-        store.drop_version(name)?;
-        ctx.committed(format!("version {name:?} was dropped"));
-        store.finish_drops()?;
-        Ok(())
-    })?;
-    if ctx.json {
-        return print_json(out, &JsonDropped { dropped: name });
-    }
-    writeln!(out, "dropped {name}").map_err(output_error)
+    let request = Request::Drop {
+        name: name.to_owned(),
+    };
+    volume::run(ctx, out, dir, request)
+}
+
+/// Drops a version in an open store.
+pub fn drop_in(store: &Arc<Store>, name: &str) -> CliResult<Outcome> {
+    store.drop_version(name)?;
+    Outcome::new(format!("dropped {name}\n"), JsonDropped { dropped: name })
 }
 
 /// `cambium versions DIR`: a tree for people, one JSON array with `--json`.

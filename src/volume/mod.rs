@@ -33,6 +33,7 @@
 //! ```
 
 mod blocks;
+pub mod export;
 mod header;
 
 pub use header::{DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE, MAX_VOLUME_SIZE, MIN_BLOCK_SIZE};
@@ -49,6 +50,12 @@ use std::sync::Arc;
 
 /// How many keys a range delete (trim, write-zeroes, shrink) removes per step.
 const DELETE_STEP_KEYS: usize = 4096;
+
+/// Checks a volume geometry: `block_size` a power of two from 512 B to 1 MiB, and
+/// `size_bytes` a positive multiple of it, at most [`MAX_VOLUME_SIZE`].
+pub fn check_geometry(size_bytes: u64, block_size: u32) -> Result<()> {
+    Header::new(size_bytes, block_size).map(|_| ())
+}
 
 /// A handle on one volume (a branch, or a read-only snapshot). Cheap; any number
 /// may be open on one volume, in any threads.
@@ -262,6 +269,27 @@ impl Volume {
         // The last step may have added a hole and a block beyond the limit.
         runs.truncate(max_runs);
         Ok(runs)
+    }
+
+    /// Calls `f` with the offset and bytes of every stored block, in order (holes are
+    /// skipped): what an export of the volume writes.
+    pub fn for_each_block(&self, mut f: impl FnMut(u64, &[u8]) -> Result<()>) -> Result<()> {
+        let read = self.store.read_at(&self.name)?;
+        let bs = self.header.block_size as usize;
+        let (lo, hi) = (block_key(0), block_key(self.header.blocks()));
+        let mut iter = read.range(&lo[..]..&hi[..])?;
+        while let Some(entry) = iter.next_ref() {
+            let (key, block) = entry?;
+            let index = block_of(key).ok_or_else(|| self.bad_key(key))?;
+            if block.len() != bs {
+                return Err(Error::corrupted(
+                    "volume",
+                    format!("{}: block {index} holds {} bytes", self.name, block.len()),
+                ));
+            }
+            f(index * bs as u64, block)?;
+        }
+        Ok(())
     }
 
     /// Bytes of blocks stored.

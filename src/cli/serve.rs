@@ -1,0 +1,200 @@
+//! `cambium serve`: every volume over NBD, and a control socket through which the
+//! other commands reach the store while the server holds it.
+//!
+//! The server opens the store for writing, with background checkpoints, for as long
+//! as it runs. SIGTERM or SIGINT stops it cleanly: no new connections, each
+//! connection finishes the request it is in and is closed, control requests in
+//! progress finish, then the store is closed (durable, checkpointed).
+
+use super::control::{self, Answer};
+use super::error::{output_error, CliError, CliResult};
+use super::open::lock_wait;
+use super::Ctx;
+use cambium::nbd::{Listen, Server, ServerOptions};
+use cambium::volume::{export::VolumeExports, Volume};
+use cambium::{Options, Store};
+use std::io::Write;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// The NBD socket's name in the store directory when neither --socket nor --listen
+/// is given.
+const DEFAULT_SOCKET_NAME: &str = "nbd.sock";
+
+/// `cambium serve DIR [--socket PATH | --listen ADDR:PORT]`
+pub fn serve(
+    ctx: &Ctx,
+    out: &mut impl Write,
+    dir: &Path,
+    socket: Option<&Path>,
+    listen: Option<&str>,
+) -> CliResult {
+    let opts = Options {
+        lock_wait: lock_wait(),
+        ..Default::default()
+    };
+    let store = Arc::new(Store::open_with(dir, opts)?);
+    // An absolute socket path, so that the URIs printed work from anywhere.
+    let unix = |path: &Path| {
+        std::path::absolute(path)
+            .map(Listen::Unix)
+            .map_err(|e| CliError::usage(format!("{}: {e}", path.display())))
+    };
+    let listen = match (socket, listen) {
+        (Some(path), _) => unix(path)?,
+        (None, Some(addr)) => Listen::Tcp(addr.to_owned()),
+        (None, None) => unix(&dir.join(DEFAULT_SOCKET_NAME))?,
+    };
+    let server = Server::bind(&listen, ServerOptions::default())
+        .map_err(|e| CliError::failure(format!("listen on {}: {e}", describe(&listen))))?;
+    let control = Control::start(dir, store.clone())?;
+    let stop = server.shutdown_handle();
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])
+    .map_err(|e| CliError::failure(format!("installing signal handlers: {e}")))?;
+    let signal_handle = signals.handle();
+    let watcher = std::thread::spawn(move || {
+        if signals.forever().next().is_some() {
+            stop.shutdown();
+        }
+    });
+    announce(ctx, out, &store, &server, &listen)?;
+    let served = server.run(Arc::new(VolumeExports::new(store.clone())));
+    signal_handle.close();
+    let _ = watcher.join();
+    control.stop();
+    served.map_err(|e| CliError::failure(format!("serving: {e}")))?;
+    match Arc::into_inner(store) {
+        Some(store) => store.close()?,
+        None => return Err(CliError::failure("the store is still in use at shutdown")),
+    }
+    Ok(())
+}
+
+fn describe(listen: &Listen) -> String {
+    match listen {
+        Listen::Unix(path) => path.display().to_string(),
+        Listen::Tcp(addr) => addr.clone(),
+    }
+}
+
+/// Says where the volumes are, one URI per export, and flushes at once (scripts wait
+/// for this line before connecting).
+fn announce(
+    ctx: &Ctx,
+    out: &mut impl Write,
+    store: &Arc<Store>,
+    server: &Server,
+    listen: &Listen,
+) -> CliResult {
+    let names = Volume::names(store)?;
+    let addr = server.local_addr();
+    let uri = |name: &str| match listen {
+        Listen::Unix(_) => format!("nbd+unix:///{name}?socket={addr}"),
+        Listen::Tcp(_) => format!("nbd://{addr}/{name}"),
+    };
+    if ctx.json {
+        let exports: Vec<_> = names
+            .iter()
+            .map(|(name, snapshot)| serde_json::json!({"name": name, "read_only": snapshot, "uri": uri(name)}))
+            .collect();
+        let line = serde_json::json!({"listening": addr, "exports": exports});
+        writeln!(out, "{line}").map_err(output_error)?;
+    } else {
+        writeln!(out, "serving {} volume(s) on {addr}", names.len()).map_err(output_error)?;
+        for (name, snapshot) in &names {
+            let ro = if *snapshot { " (read-only)" } else { "" };
+            writeln!(out, "  {}{ro}", uri(name)).map_err(output_error)?;
+        }
+    }
+    out.flush().map_err(output_error)
+}
+
+/// The control socket's accept loop and the requests in progress.
+struct Control {
+    path: PathBuf,
+    stopping: Arc<AtomicBool>,
+    accept: JoinHandle<()>,
+    requests: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl Control {
+    /// Binds `control.sock` in the store directory (replacing a stale one: the
+    /// writer lock we hold says no other server runs on this store).
+    fn start(dir: &Path, store: Arc<Store>) -> CliResult<Control> {
+        let path = control::socket_path(dir);
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path)
+            .map_err(|e| CliError::failure(format!("bind {}: {e}", path.display())))?;
+        let stopping = Arc::new(AtomicBool::new(false));
+        let requests: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let accept = {
+            let (stopping, requests) = (stopping.clone(), requests.clone());
+            std::thread::spawn(move || accept_loop(&listener, &store, &stopping, &requests))
+        };
+        Ok(Control {
+            path,
+            stopping,
+            accept,
+            requests,
+        })
+    }
+
+    /// Stops accepting, waits for the requests in progress, removes the socket.
+    fn stop(self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        // Wake the accept loop.
+        let _ = UnixStream::connect(&self.path);
+        let _ = self.accept.join();
+        let pending = std::mem::take(&mut *self.requests.lock().unwrap_or_else(|p| p.into_inner()));
+        for handle in pending {
+            let _ = handle.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn accept_loop(
+    listener: &UnixListener,
+    store: &Arc<Store>,
+    stopping: &AtomicBool,
+    requests: &Mutex<Vec<JoinHandle<()>>>,
+) {
+    for conn in listener.incoming() {
+        if stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok(conn) = conn else { continue };
+        let store = store.clone();
+        let handle = std::thread::spawn(move || answer(&conn, &store));
+        let mut live = requests.lock().unwrap_or_else(|p| p.into_inner());
+        live.retain(|h| !h.is_finished());
+        live.push(handle);
+    }
+}
+
+/// Runs one control request and answers it.
+fn answer(conn: &UnixStream, store: &Arc<Store>) {
+    let answer = match control::read_request(conn) {
+        Ok(envelope) => {
+            let result = envelope
+                .request
+                .check()
+                .and_then(|()| control::execute(store, envelope.json, &envelope.request));
+            match result {
+                Ok(outcome) => Answer::Done(outcome),
+                Err(e) => Answer::Failed {
+                    code: e.code,
+                    msg: e.msg,
+                },
+            }
+        }
+        Err(answer) => answer,
+    };
+    control::write_answer(conn, &answer);
+}

@@ -1,0 +1,510 @@
+//! Behaviour of the server over real Unix sockets, driven by the test client.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use super::proto::{self, Request};
+use super::test_client::{Client, TestServer};
+use super::{Listen, Server, ServerOptions};
+
+fn server() -> TestServer {
+    TestServer::start(ServerOptions::default())
+}
+
+/// Reads until EOF (or error); true if the peer closed.
+fn closed(s: &mut UnixStream) -> bool {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut sink = Vec::new();
+    s.read_to_end(&mut sink).is_ok()
+}
+
+#[test]
+fn simple_write_read_round_trip() {
+    let srv = server();
+    let mut c = srv.client("disk1", false, false);
+    let data = vec![0xabu8; 8192];
+    assert_eq!(
+        c.cmd(proto::CMD_WRITE, 0, 4096, 8192, &data).unwrap().error,
+        0
+    );
+    let r = c.cmd(proto::CMD_READ, 0, 4096, 8192, &[]).unwrap();
+    assert_eq!((r.error, r.cookie), (0, 42));
+    assert_eq!(r.data, data);
+    assert_eq!(c.cmd(proto::CMD_FLUSH, 0, 0, 0, &[]).unwrap().error, 0);
+    assert_eq!(c.cmd(proto::CMD_CACHE, 0, 0, 4096, &[]).unwrap().error, 0);
+}
+
+#[test]
+fn structured_read_error_and_block_status() {
+    let srv = server();
+    let mut c = srv.client("disk1", true, true);
+    c.cmd(proto::CMD_WRITE, 0, 8192, 4096, &[1; 4096]).unwrap();
+    let r = c
+        .cmd(proto::CMD_READ, proto::CMD_FLAG_DF, 8192, 4096, &[])
+        .unwrap();
+    assert_eq!(r.chunks[0].0, proto::REPLY_TYPE_OFFSET_DATA);
+    assert_eq!(r.data, vec![1; 4096]);
+    let r = c.cmd(proto::CMD_READ, 0, 1 << 20, 1, &[]).unwrap();
+    assert_eq!(r.error, 22);
+    let r = c.cmd(proto::CMD_BLOCK_STATUS, 0, 0, 1 << 20, &[]).unwrap();
+    let (id, descs) = proto::decode_block_status(&r.chunks[0].1).unwrap();
+    assert_eq!(id, proto::BASE_ALLOCATION_ID);
+    assert_eq!(descs, vec![(8192, 3), (4096, 0), ((1 << 20) - 12288, 3)]);
+    let r = c
+        .cmd(
+            proto::CMD_BLOCK_STATUS,
+            proto::CMD_FLAG_REQ_ONE,
+            0,
+            1 << 20,
+            &[],
+        )
+        .unwrap();
+    assert_eq!(
+        proto::decode_block_status(&r.chunks[0].1).unwrap().1.len(),
+        1
+    );
+    // Lengths past the end are capped; an offset past the end is EINVAL.
+    let r = c.cmd(proto::CMD_BLOCK_STATUS, 0, (1 << 20) - 4096, u32::MAX, &[]);
+    let (_, d) = proto::decode_block_status(&r.unwrap().chunks[0].1).unwrap();
+    assert_eq!(d, vec![(4096, 3)]);
+    let r = c.cmd(proto::CMD_BLOCK_STATUS, 0, 1 << 20, 1, &[]).unwrap();
+    assert_eq!(r.error, 22);
+}
+
+#[test]
+fn block_status_needs_meta_context() {
+    let srv = server();
+    let mut c = srv.client("disk1", true, false);
+    assert_eq!(
+        c.cmd(proto::CMD_BLOCK_STATUS, 0, 0, 4096, &[])
+            .unwrap()
+            .error,
+        22
+    );
+}
+
+#[test]
+fn errors_keep_the_connection_usable() {
+    let srv = server();
+    let mut c = srv.client("ro", false, false);
+    // EPERM after the payload is consumed: the next request parses fine.
+    assert_eq!(
+        c.cmd(proto::CMD_WRITE, 0, 0, 4096, &[9; 4096])
+            .unwrap()
+            .error,
+        1
+    );
+    assert_eq!(c.cmd(proto::CMD_TRIM, 0, 0, 4096, &[]).unwrap().error, 1);
+    assert_eq!(
+        c.cmd(proto::CMD_WRITE_ZEROES, 0, 0, 1, &[]).unwrap().error,
+        1
+    );
+    assert_eq!(c.cmd(proto::CMD_READ, 0, 0, 4, &[]).unwrap().data, [0; 4]);
+    let mut c = srv.client("odd", false, false);
+    assert_eq!(
+        c.cmd(proto::CMD_WRITE, 0, 9999, 2, &[1, 2]).unwrap().error,
+        28
+    );
+    assert_eq!(
+        c.cmd(proto::CMD_WRITE_ZEROES, 0, 9999, 2, &[])
+            .unwrap()
+            .error,
+        28
+    );
+    assert_eq!(
+        c.cmd(proto::CMD_READ, 0, u64::MAX, 2, &[]).unwrap().error,
+        22
+    );
+    assert_eq!(c.cmd(proto::CMD_TRIM, 0, 10000, 1, &[]).unwrap().error, 22);
+    assert_eq!(c.cmd(99, 0, 0, 0, &[]).unwrap().error, 22);
+    assert_eq!(c.cmd(proto::CMD_FLUSH, 0x100, 0, 0, &[]).unwrap().error, 22);
+    assert_eq!(c.cmd(proto::CMD_READ, 0, 0, 0, &[]).unwrap().error, 0);
+    assert_eq!(c.cmd(proto::CMD_WRITE, 0, 10000, 0, &[]).unwrap().error, 0);
+    assert_eq!(c.cmd(proto::CMD_READ, 0, 9999, 1, &[]).unwrap().data, [0]);
+}
+
+#[test]
+fn oversized_requests_get_einval() {
+    let opts = ServerOptions {
+        max_payload_bytes: 4096,
+        ..ServerOptions::default()
+    };
+    let srv = TestServer::start(opts);
+    let mut c = srv.client("disk1", false, false);
+    assert_eq!(c.cmd(proto::CMD_READ, 0, 0, 4097, &[]).unwrap().error, 22);
+    // Skippable oversized write: EINVAL, stream stays in sync, nothing written.
+    assert_eq!(
+        c.cmd(proto::CMD_WRITE, 0, 0, 8192, &[7; 8192])
+            .unwrap()
+            .error,
+        22
+    );
+    assert_eq!(c.cmd(proto::CMD_READ, 0, 0, 4, &[]).unwrap().data, [0; 4]);
+    // A write too large to skip closes the connection.
+    let req = Request {
+        flags: 0,
+        command: proto::CMD_WRITE,
+        cookie: 1,
+        offset: 0,
+        len: u32::MAX,
+    };
+    c.send(req, &[]).unwrap();
+    assert!(closed(&mut c.s));
+}
+
+#[test]
+fn trim_and_zero_make_holes() {
+    let srv = server();
+    let mut c = srv.client("disk1", true, true);
+    c.cmd(proto::CMD_WRITE, 0, 0, 16384, &[5; 16384]).unwrap();
+    assert_eq!(c.cmd(proto::CMD_TRIM, 0, 0, 4096, &[]).unwrap().error, 0);
+    let flags = proto::CMD_FLAG_NO_HOLE | proto::CMD_FLAG_FAST_ZERO;
+    assert_eq!(
+        c.cmd(proto::CMD_WRITE_ZEROES, flags, 4096, 4096, &[])
+            .unwrap()
+            .error,
+        0
+    );
+    assert_eq!(
+        c.cmd(proto::CMD_WRITE_ZEROES, 0, 8192, 4096, &[])
+            .unwrap()
+            .error,
+        0
+    );
+    let disk = srv.exports.get("disk1").unwrap();
+    assert!(!disk.is_allocated(0) && disk.is_allocated(4096) && !disk.is_allocated(8192));
+    assert!(disk.is_allocated(12288));
+    assert_eq!(&disk.contents()[..12288], &[0; 12288][..]);
+}
+
+#[test]
+fn option_haggling_errors_do_not_close() {
+    let srv = server();
+    let mut c = Client::connect(&srv.path).unwrap();
+    let rep = |r: Vec<(u32, Vec<u8>)>| r.last().unwrap().0;
+    assert_eq!(rep(c.opt(1000, b"junk").unwrap()), proto::REP_ERR_UNSUP);
+    assert_eq!(
+        rep(c.opt(proto::OPT_STARTTLS, &[]).unwrap()),
+        proto::REP_ERR_UNSUP
+    );
+    assert_eq!(
+        rep(c.opt(proto::OPT_EXTENDED_HEADERS, &[]).unwrap()),
+        proto::REP_ERR_UNSUP
+    );
+    assert_eq!(
+        rep(c.opt(proto::OPT_LIST, b"x").unwrap()),
+        proto::REP_ERR_INVALID
+    );
+    assert_eq!(
+        rep(c.opt(proto::OPT_GO, &[0, 0]).unwrap()),
+        proto::REP_ERR_INVALID
+    );
+    let meta = proto::MetaRequest {
+        export: "disk1".into(),
+        queries: vec![proto::BASE_ALLOCATION.into()],
+    };
+    let r = c.opt(proto::OPT_SET_META_CONTEXT, &meta.encode()).unwrap();
+    assert_eq!(rep(r), proto::REP_ERR_INVALID);
+    let unknown = proto::InfoRequest {
+        name: "nope".into(),
+        infos: vec![],
+    };
+    assert_eq!(
+        rep(c.opt(proto::OPT_INFO, &unknown.encode()).unwrap()),
+        proto::REP_ERR_UNKNOWN
+    );
+    assert_eq!(
+        rep(c.opt(proto::OPT_STRUCTURED_REPLY, &[]).unwrap()),
+        proto::REP_ACK
+    );
+    let r = c.opt(proto::OPT_STRUCTURED_REPLY, &[]).unwrap();
+    assert_eq!(rep(r), proto::REP_ERR_INVALID);
+    let big = vec![0u8; proto::MAX_OPTION_LEN as usize + 1];
+    assert_eq!(
+        rep(c.opt(proto::OPT_LIST, &big).unwrap()),
+        proto::REP_ERR_TOO_BIG
+    );
+    // Still usable.
+    let r = c.opt(proto::OPT_LIST, &[]).unwrap();
+    let names: Vec<_> = r
+        .iter()
+        .filter_map(|(_, d)| proto::decode_rep_server(d))
+        .collect();
+    assert_eq!(names, ["disk1", "odd", "ro"]);
+}
+
+#[test]
+fn list_meta_context_queries() {
+    let srv = server();
+    let mut c = Client::connect(&srv.path).unwrap();
+    for (queries, found) in [
+        (vec![], true),
+        (vec!["base:".to_string()], true),
+        (vec!["base:allocation".to_string()], true),
+        (vec!["qemu:dirty-bitmap:x".to_string()], false),
+    ] {
+        let q = proto::MetaRequest {
+            export: "disk1".into(),
+            queries,
+        };
+        let r = c.opt(proto::OPT_LIST_META_CONTEXT, &q.encode()).unwrap();
+        let ctx = r.iter().find(|(t, _)| *t == proto::REP_META_CONTEXT);
+        assert_eq!(ctx.is_some(), found);
+        assert_eq!(r.last().unwrap().0, proto::REP_ACK);
+    }
+}
+
+#[test]
+fn info_reports_name_and_block_size() {
+    let srv = server();
+    let mut c = Client::connect(&srv.path).unwrap();
+    let req = proto::InfoRequest {
+        name: "ro".into(),
+        infos: vec![proto::INFO_NAME, proto::INFO_BLOCK_SIZE, 77],
+    };
+    let r = c.opt(proto::OPT_INFO, &req.encode()).unwrap();
+    let infos: Vec<_> = r
+        .iter()
+        .filter_map(|(_, d)| proto::Info::decode(d))
+        .collect();
+    let flags = super::handshake::transmission_flags(true, false);
+    assert_eq!(
+        infos,
+        [
+            proto::Info::Export {
+                size: 64 << 10,
+                flags
+            },
+            proto::Info::Name("ro".into()),
+            proto::Info::BlockSize {
+                min: 1,
+                preferred: 4096,
+                max: 32 << 20
+            },
+        ]
+    );
+    // INFO does not end haggling: GO still works on the same connection.
+    assert_eq!(c.go("ro", false, false).unwrap().0, 64 << 10);
+}
+
+#[test]
+fn meta_context_forgotten_when_go_names_another_export() {
+    let srv = server();
+    let mut c = Client::connect(&srv.path).unwrap();
+    c.opt(proto::OPT_STRUCTURED_REPLY, &[]).unwrap();
+    c.structured = true;
+    let q = proto::MetaRequest {
+        export: "odd".into(),
+        queries: vec![proto::BASE_ALLOCATION.into()],
+    };
+    c.opt(proto::OPT_SET_META_CONTEXT, &q.encode()).unwrap();
+    c.go("disk1", false, false).unwrap();
+    assert_eq!(
+        c.cmd(proto::CMD_BLOCK_STATUS, 0, 0, 4096, &[])
+            .unwrap()
+            .error,
+        22
+    );
+}
+
+#[test]
+fn export_name_old_style_reply() {
+    let srv = server();
+    let mut s = UnixStream::connect(&srv.path).unwrap();
+    let _: [u8; 18] = proto::read_array(&mut s).unwrap();
+    s.write_all(&1u32.to_be_bytes()).unwrap(); // FIXED_NEWSTYLE only: zeroes expected
+    let h = proto::OptionHeader {
+        option: proto::OPT_EXPORT_NAME,
+        len: 3,
+    };
+    s.write_all(&h.encode()).unwrap();
+    s.write_all(b"odd").unwrap();
+    let r: [u8; 134] = proto::read_array(&mut s).unwrap();
+    assert_eq!(u64::from_be_bytes(r[..8].try_into().unwrap()), 10000);
+    assert!(r[10..].iter().all(|&b| b == 0));
+    let mut c = Client {
+        s,
+        structured: false,
+    };
+    assert_eq!(c.cmd(proto::CMD_READ, 0, 0, 3, &[]).unwrap().data, [0; 3]);
+}
+
+#[test]
+fn bad_frames_close() {
+    let srv = server();
+    // Unknown client flag bits.
+    let mut s = UnixStream::connect(&srv.path).unwrap();
+    let _: [u8; 18] = proto::read_array(&mut s).unwrap();
+    s.write_all(&0x80u32.to_be_bytes()).unwrap();
+    assert!(closed(&mut s));
+    // Unknown export via EXPORT_NAME.
+    let mut c = Client::connect(&srv.path).unwrap();
+    let h = proto::OptionHeader {
+        option: proto::OPT_EXPORT_NAME,
+        len: 2,
+    };
+    c.s.write_all(&h.encode()).unwrap();
+    c.s.write_all(b"no").unwrap();
+    assert!(closed(&mut c.s));
+    // Bad request magic.
+    let mut c = srv.client("disk1", false, false);
+    c.s.write_all(&[0u8; 28]).unwrap();
+    assert!(closed(&mut c.s));
+}
+
+#[test]
+fn abort_acks_and_closes() {
+    let srv = server();
+    let mut c = Client::connect(&srv.path).unwrap();
+    let r = c.opt(proto::OPT_ABORT, &[]).unwrap();
+    assert_eq!(r[0].0, proto::REP_ACK);
+    assert!(closed(&mut c.s));
+}
+
+#[test]
+fn pipelined_requests_and_disc() {
+    let srv = server();
+    let mut c = srv.client("disk1", true, false);
+    let mut batch = Vec::new();
+    for i in 0..32u64 {
+        let req = Request {
+            flags: 0,
+            command: proto::CMD_WRITE,
+            cookie: i,
+            offset: i * 4096,
+            len: 4096,
+        };
+        batch.extend_from_slice(&req.encode());
+        batch.extend_from_slice(&[i as u8; 4096]);
+    }
+    let disc = Request {
+        flags: 0,
+        command: proto::CMD_DISC,
+        cookie: 99,
+        offset: 0,
+        len: 0,
+    };
+    batch.extend_from_slice(&disc.encode());
+    c.s.write_all(&batch).unwrap();
+    for i in 0..32u64 {
+        let r = c.recv(0).unwrap();
+        assert_eq!((r.cookie, r.error), (i, 0));
+    }
+    assert!(closed(&mut c.s));
+    let data = srv.exports.get("disk1").unwrap().contents();
+    assert!((0..32usize).all(|i| data[i * 4096] == i as u8));
+}
+
+/// A client sends a write header and half its payload, with other requests
+/// already answered before it, then vanishes: nothing of the half write is
+/// applied and the server keeps serving.
+#[test]
+fn half_written_payload_applies_nothing() {
+    let srv = server();
+    let mut c = srv.client("disk1", false, false);
+    let mut bytes = Vec::new();
+    for (i, cmd) in [proto::CMD_READ, proto::CMD_FLUSH].into_iter().enumerate() {
+        let req = Request {
+            flags: 0,
+            command: cmd,
+            cookie: i as u64,
+            offset: 0,
+            len: if cmd == proto::CMD_READ { 512 } else { 0 },
+        };
+        bytes.extend_from_slice(&req.encode());
+    }
+    let write = Request {
+        flags: 0,
+        command: proto::CMD_WRITE,
+        cookie: 7,
+        offset: 65536,
+        len: 65536,
+    };
+    bytes.extend_from_slice(&write.encode());
+    bytes.extend_from_slice(&[0xee; 32768]);
+    c.s.write_all(&bytes).unwrap();
+    drop(c);
+    std::thread::sleep(Duration::from_millis(100));
+    let data = srv.exports.get("disk1").unwrap().contents();
+    assert!(data.iter().all(|&b| b == 0));
+    let mut c = srv.client("disk1", false, false);
+    assert_eq!(c.cmd(proto::CMD_WRITE, 0, 0, 1, &[1]).unwrap().error, 0);
+}
+
+#[test]
+fn handshake_timeout_drops_idle_client() {
+    let opts = ServerOptions {
+        handshake_timeout: Duration::from_millis(200),
+        ..ServerOptions::default()
+    };
+    let srv = TestServer::start(opts);
+    let mut s = UnixStream::connect(&srv.path).unwrap();
+    let start = std::time::Instant::now();
+    assert!(closed(&mut s));
+    assert!(start.elapsed() < Duration::from_secs(3));
+    // Transmission has no timeout: a client past GO may idle.
+    let mut c = srv.client("disk1", false, false);
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(c.cmd(proto::CMD_FLUSH, 0, 0, 0, &[]).unwrap().error, 0);
+}
+
+#[test]
+fn max_connections_closes_extra() {
+    let opts = ServerOptions {
+        max_connections: 1,
+        ..ServerOptions::default()
+    };
+    let srv = TestServer::start(opts);
+    let mut first = srv.client("disk1", false, false);
+    let mut second = UnixStream::connect(&srv.path).unwrap();
+    assert!(closed(&mut second));
+    assert_eq!(first.cmd(proto::CMD_FLUSH, 0, 0, 0, &[]).unwrap().error, 0);
+}
+
+#[test]
+fn shutdown_finishes_and_removes_socket() {
+    let mut srv = server();
+    let mut c = srv.client("disk1", false, false);
+    assert_eq!(c.cmd(proto::CMD_WRITE, 0, 0, 1, &[1]).unwrap().error, 0);
+    srv.stop().unwrap();
+    assert!(closed(&mut c.s));
+    assert!(!srv.path.exists());
+}
+
+#[test]
+fn bind_replaces_stale_socket_but_not_live_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s");
+    let listen = Listen::Unix(path.clone());
+    let live = Server::bind(&listen, ServerOptions::default()).unwrap();
+    let err = Server::bind(&listen, ServerOptions::default())
+        .err()
+        .unwrap();
+    assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse);
+    drop(live); // leaves the socket file, like a killed server
+    assert!(path.exists());
+    let again = Server::bind(&listen, ServerOptions::default()).unwrap();
+    assert_eq!(again.local_addr(), path.display().to_string());
+    // A regular file is never removed.
+    let file = dir.path().join("f");
+    std::fs::write(&file, b"x").unwrap();
+    assert!(Server::bind(&Listen::Unix(file.clone()), ServerOptions::default()).is_err());
+    assert!(file.exists());
+}
+
+#[test]
+fn tcp_listen_serves_and_shuts_down() {
+    let server =
+        Server::bind(&Listen::Tcp("127.0.0.1:0".into()), ServerOptions::default()).unwrap();
+    let addr = server.local_addr();
+    let handle = server.shutdown_handle();
+    let exports = std::sync::Arc::new(super::memory::MemExports::new());
+    exports.add("t", 4096, false);
+    let t = std::thread::spawn(move || server.run(exports));
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    let g: [u8; 18] = proto::read_array(&mut s).unwrap();
+    assert_eq!(proto::decode_greeting(&g), Some(3));
+    handle.shutdown();
+    t.join().unwrap().unwrap();
+}

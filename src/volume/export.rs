@@ -1,0 +1,139 @@
+//! Volumes as NBD exports: every volume and volume snapshot of a store, under its
+//! name, looked up at each handshake (so one made while serving is exported at once).
+//! Snapshots are read-only exports.
+//!
+//! Durability follows NBD's rules: a write is answered once it is committed and
+//! visible to every connection (a `Deferred` commit); a flush, or a write with FUA,
+//! is answered once everything answered before it is durable (one WAL fsync after
+//! the segments holding the blocks).
+
+use super::{Run, Volume};
+use crate::error::Error;
+use crate::nbd::{Errno, Export, ExportError, Exports, Extent, ZeroFlags};
+use crate::options::Durability;
+use crate::store::Store;
+use std::sync::Arc;
+
+/// The volumes of one store, as NBD exports.
+pub struct VolumeExports {
+    store: Arc<Store>,
+}
+
+impl VolumeExports {
+    /// Exports the volumes of `store`.
+    pub fn new(store: Arc<Store>) -> VolumeExports {
+        VolumeExports { store }
+    }
+}
+
+impl Exports for VolumeExports {
+    fn list(&self) -> Result<Vec<String>, ExportError> {
+        let names = Volume::names(&self.store).map_err(to_nbd)?;
+        Ok(names.into_iter().map(|(name, _)| name).collect())
+    }
+
+    /// The empty name (a client's default export) names the only volume, when
+    /// there is exactly one.
+    fn open(&self, name: &str) -> Result<Option<Box<dyn Export>>, ExportError> {
+        let name = if name.is_empty() {
+            match self.list()?.as_slice() {
+                [only] => only.clone(),
+                _ => return Ok(None),
+            }
+        } else {
+            name.to_owned()
+        };
+        match Volume::open(&self.store, &name) {
+            Ok(volume) => Ok(Some(Box::new(VolumeExport { volume }))),
+            Err(Error::VolumeNotFound(_) | Error::InvalidVersionName(_)) => Ok(None),
+            Err(e) => Err(to_nbd(e)),
+        }
+    }
+}
+
+/// One connection's handle on a volume.
+struct VolumeExport {
+    volume: Volume,
+}
+
+fn durability(fua: bool) -> Durability {
+    if fua {
+        Durability::Immediate
+    } else {
+        Durability::Deferred
+    }
+}
+
+impl Export for VolumeExport {
+    fn size(&self) -> u64 {
+        self.volume.size()
+    }
+
+    fn read_only(&self) -> bool {
+        self.volume.is_read_only()
+    }
+
+    fn block_size(&self) -> u32 {
+        self.volume.block_size()
+    }
+
+    fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+        self.volume.read_at(offset, buf).map_err(to_nbd)
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
+        self.volume
+            .write_at(offset, data, durability(fua))
+            .map_err(to_nbd)
+    }
+
+    fn flush(&mut self) -> Result<(), ExportError> {
+        self.volume.sync().map_err(to_nbd)
+    }
+
+    fn trim(&mut self, offset: u64, len: u64, fua: bool) -> Result<(), ExportError> {
+        self.volume
+            .trim(offset, len, durability(fua))
+            .map_err(to_nbd)
+    }
+
+    /// Zeroes are holes here, so a fast zero is always fast and NO_HOLE changes
+    /// nothing a client can see.
+    fn write_zeroes(&mut self, offset: u64, len: u64, flags: ZeroFlags) -> Result<(), ExportError> {
+        self.volume
+            .write_zeroes(offset, len, durability(flags.fua))
+            .map_err(to_nbd)
+    }
+
+    fn block_status(
+        &mut self,
+        offset: u64,
+        len: u64,
+        max_extents: usize,
+    ) -> Result<Vec<Extent>, ExportError> {
+        let runs = self
+            .volume
+            .allocation(offset, len, max_extents)
+            .map_err(to_nbd)?;
+        Ok(runs
+            .into_iter()
+            .map(|Run { len, allocated }| Extent {
+                len,
+                hole: !allocated,
+                zero: !allocated,
+            })
+            .collect())
+    }
+}
+
+/// The NBD error for an engine error.
+fn to_nbd(e: Error) -> ExportError {
+    let errno = match &e {
+        Error::ReadOnly(_) => Errno::Perm,
+        Error::InvalidArgument(_) => Errno::Inval,
+        Error::Io(io) if io.kind() == std::io::ErrorKind::StorageFull => Errno::NoSpc,
+        Error::VolumeNotFound(_) | Error::VersionNotFound(_) => Errno::Shutdown,
+        _ => Errno::Io,
+    };
+    ExportError::new(errno, e.to_string())
+}

@@ -1,0 +1,149 @@
+//! The `volume` commands end to end, through the binary: output, JSON, exit codes,
+//! and a sparse raw image imported and exported byte for byte.
+
+mod cli_common;
+
+use cli_common::{fails, ok, s, usage_error, TestStore};
+use std::os::unix::fs::{FileExt, MetadataExt};
+
+impl TestStore {
+    fn volume(&self, sub: &str, rest: &[&str]) -> std::process::Output {
+        let mut args = vec!["volume", sub, self.d()];
+        args.extend_from_slice(rest);
+        cli_common::run(&args)
+    }
+
+    fn volume_json(&self, sub: &str, rest: &[&str]) -> serde_json::Value {
+        let mut args = vec!["--json", "volume", sub, self.d()];
+        args.extend_from_slice(rest);
+        serde_json::from_str(&ok(cli_common::run(&args))).unwrap()
+    }
+}
+
+#[test]
+fn create_list_snapshot_clone_resize_drop() {
+    let t = TestStore::new();
+    assert_eq!(
+        ok(t.volume("create", &["disk", "--size", "10G"])),
+        "created volume disk: 10.0 GiB in 4.0 KiB blocks\n"
+    );
+    let out = ok(t.volume("snapshot", &["disk", "disk.1"]));
+    assert!(
+        out.starts_with("created snapshot disk.1 of volume disk in "),
+        "{out}"
+    );
+    let out = ok(t.volume("clone", &["disk.1", "work"]));
+    assert!(
+        out.starts_with("created volume work as a clone of disk.1 in "),
+        "{out}"
+    );
+    let list = ok(t.volume("list", &[]));
+    let lines: Vec<&str> = list.lines().collect();
+    assert_eq!(lines.len(), 4, "{list}");
+    assert!(
+        lines[0].starts_with("VOLUME") && lines[0].contains("ALLOCATED"),
+        "{list}"
+    );
+    assert!(
+        lines[2].starts_with("disk.1") && lines[2].contains("snapshot"),
+        "{list}"
+    );
+    let json = t.volume_json("list", &[]);
+    let names: Vec<&str> = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["disk", "disk.1", "work"]);
+    assert_eq!(json[0]["size_bytes"], 10u64 << 30);
+    assert_eq!(json[0]["allocated_bytes"], 0);
+    assert_eq!(json[1]["snapshot"], true);
+    assert_eq!(json[2]["parent"], "disk.1");
+
+    let resized = t.volume_json("resize", &["work", "--size", "20G"]);
+    assert_eq!(resized["size_bytes"], 20u64 << 30);
+    assert_eq!(ok(t.volume("drop", &["work"])), "dropped volume work\n");
+    // The key-value branch is not a volume.
+    assert_eq!(t.volume_json("list", &[]).as_array().unwrap().len(), 2);
+    assert!(ok(t.run("verify", &[])).contains("clean"));
+}
+
+#[test]
+fn errors_have_their_exit_codes() {
+    let t = TestStore::new();
+    ok(t.volume("create", &["disk", "--size", "1M", "--block-size", "512"]));
+    // 1: unknown volume (main is a branch, not a volume).
+    fails(
+        t.volume("snapshot", &["nope", "s"]),
+        1,
+        &["no volume named \"nope\""],
+    );
+    fails(
+        t.volume("drop", &["main"]),
+        1,
+        &["no volume named \"main\""],
+    );
+    fails(t.volume("resize", &["nope", "--size", "1M"]), 1, &["nope"]);
+    fails(t.volume("export", &["nope", "/tmp/x/never"]), 1, &["nope"]);
+    // 2: usage.
+    usage_error(t.volume("create", &["v", "--size", "10Q"]));
+    usage_error(t.volume("create", &["v", "--size", "1000", "--block-size", "4K"]));
+    usage_error(t.volume("create", &["v", "--size", "1M", "--block-size", "3000"]));
+    usage_error(t.volume("create", &["bad name", "--size", "1M"]));
+    usage_error(t.volume("resize", &["disk", "--size", "1000"]));
+    // 3: name taken, read-only.
+    fails(
+        t.volume("create", &["disk", "--size", "1M"]),
+        3,
+        &["already exists"],
+    );
+    ok(t.volume("snapshot", &["disk", "snap"]));
+    fails(
+        t.volume("resize", &["snap", "--size", "2M"]),
+        3,
+        &["read-only"],
+    );
+}
+
+#[test]
+fn import_and_export_keep_holes_and_bytes() {
+    let t = TestStore::new();
+    let tmp = tempfile::tempdir().unwrap();
+    let image = tmp.path().join("disk.raw");
+    let len: u64 = 64 << 20;
+    {
+        let f = std::fs::File::create(&image).unwrap();
+        f.set_len(len).unwrap();
+        // Data at a few places, the rest holes; one write not block-aligned and one
+        // reaching the very end.
+        f.write_all_at(&[0xAB; 8192], 0).unwrap();
+        f.write_all_at(b"hello, volumes", (5 << 20) + 100).unwrap();
+        f.write_all_at(&[7; 3 << 20], 30 << 20).unwrap();
+        f.write_all_at(&[9; 4096], len - 4096).unwrap();
+    }
+    let out = ok(t.volume("import", &["img", s(&image)]));
+    assert!(out.starts_with("imported "), "{out}");
+    let info = t.volume_json("list", &[]);
+    assert_eq!(info[0]["size_bytes"], len);
+    let data_blocks = 2 + 1 + (3 << 20) / 4096 + 1;
+    assert_eq!(info[0]["allocated_bytes"], data_blocks * 4096);
+
+    let back = tmp.path().join("back.raw");
+    let out = ok(t.volume("export", &["img", s(&back)]));
+    assert!(out.starts_with("exported volume img to "), "{out}");
+    assert!(std::fs::read(&image).unwrap() == std::fs::read(&back).unwrap());
+    // Sparse: far fewer bytes allocated than the size.
+    let allocated = std::fs::metadata(&back).unwrap().blocks() * 512;
+    assert!(allocated < 8 << 20, "export allocated {allocated} bytes");
+    fails(
+        t.volume("import", &["img", s(&image)]),
+        3,
+        &["already exists"],
+    );
+    fails(
+        t.volume("import", &["other", "/nonexistent/file"]),
+        3,
+        &["/nonexistent/file"],
+    );
+}
