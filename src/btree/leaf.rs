@@ -315,9 +315,21 @@ impl LeafBuf {
 }
 
 impl Clone for LeafBuf {
-    /// A compact copy: live entries only.
+    /// A copy of the three arrays as they are (three memcpys: a writer shadows a
+    /// leaf it shares with a reader's view at every commit), or a compact copy of the
+    /// live entries when dead bytes make up more than a fifth of the heap.
     fn clone(&self) -> LeafBuf {
-        self.copy_range(0, self.len())
+        if self.heap.len() > self.live + self.live / 4 {
+            return self.copy_range(0, self.len());
+        }
+        let mut heap = Vec::with_capacity(self.heap.len() + HEADROOM);
+        heap.extend_from_slice(&self.heap);
+        LeafBuf {
+            heap,
+            offs: self.offs.clone(),
+            heads: self.heads.clone(),
+            live: self.live,
+        }
     }
 }
 

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// The NBD socket's name in the store directory when neither --socket nor --listen
 /// is given.
@@ -115,12 +116,22 @@ fn announce(
     out.flush().map_err(output_error)
 }
 
+/// How long a control client may take to send its request.
+const CONTROL_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A control connection in progress: its thread, and its socket, so that a stop
+/// can cut off a client that has not sent its request.
+struct Pending {
+    thread: JoinHandle<()>,
+    conn: UnixStream,
+}
+
 /// The control socket's accept loop and the requests in progress.
 struct Control {
     path: PathBuf,
     stopping: Arc<AtomicBool>,
     accept: JoinHandle<()>,
-    requests: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    requests: Arc<Mutex<Vec<Pending>>>,
 }
 
 impl Control {
@@ -132,7 +143,7 @@ impl Control {
         let listener = UnixListener::bind(&path)
             .map_err(|e| CliError::failure(format!("bind {}: {e}", path.display())))?;
         let stopping = Arc::new(AtomicBool::new(false));
-        let requests: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let requests: Arc<Mutex<Vec<Pending>>> = Arc::default();
         let accept = {
             let (stopping, requests) = (stopping.clone(), requests.clone());
             std::thread::spawn(move || accept_loop(&listener, &store, &stopping, &requests))
@@ -145,15 +156,20 @@ impl Control {
         })
     }
 
-    /// Stops accepting, waits for the requests in progress, removes the socket.
+    /// Stops accepting, cuts off clients that have not sent their request, waits
+    /// for the requests in progress (they finish and answer), removes the socket.
     fn stop(self) {
         self.stopping.store(true, Ordering::SeqCst);
         // Wake the accept loop.
         let _ = UnixStream::connect(&self.path);
         let _ = self.accept.join();
         let pending = std::mem::take(&mut *self.requests.lock().unwrap_or_else(|p| p.into_inner()));
-        for handle in pending {
-            let _ = handle.join();
+        for p in &pending {
+            // A request already read runs on; one still being read ends here.
+            let _ = p.conn.shutdown(std::net::Shutdown::Read);
+        }
+        for p in pending {
+            let _ = p.thread.join();
         }
         let _ = std::fs::remove_file(&self.path);
     }
@@ -163,18 +179,26 @@ fn accept_loop(
     listener: &UnixListener,
     store: &Arc<Store>,
     stopping: &AtomicBool,
-    requests: &Mutex<Vec<JoinHandle<()>>>,
+    requests: &Mutex<Vec<Pending>>,
 ) {
     for conn in listener.incoming() {
         if stopping.load(Ordering::SeqCst) {
             return;
         }
         let Ok(conn) = conn else { continue };
+        let Ok(handle) = conn.try_clone() else {
+            continue;
+        };
+        // A client that connects and says nothing does not hold a thread for long.
+        let _ = conn.set_read_timeout(Some(CONTROL_READ_TIMEOUT));
         let store = store.clone();
-        let handle = std::thread::spawn(move || answer(&conn, &store));
+        let thread = std::thread::spawn(move || answer(&conn, &store));
         let mut live = requests.lock().unwrap_or_else(|p| p.into_inner());
-        live.retain(|h| !h.is_finished());
-        live.push(handle);
+        live.retain(|p| !p.thread.is_finished());
+        live.push(Pending {
+            thread,
+            conn: handle,
+        });
     }
 }
 

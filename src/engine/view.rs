@@ -6,7 +6,7 @@
 //! view can always read every node its roots reach.
 
 use crate::btree::node::Child;
-use crate::catalog::{Catalog, VersionKind};
+use crate::catalog::{Catalog, VersionId, VersionKind};
 use crate::format::Lsn;
 use crate::sync::lock;
 use std::collections::BTreeMap;
@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 /// One version as a view sees it.
 #[derive(Clone)]
 pub(crate) struct ViewVersion {
+    pub id: VersionId,
     pub name: Arc<str>,
     pub kind: VersionKind,
     pub root: Option<Child>,
@@ -35,6 +36,7 @@ impl View {
             .versions
             .iter()
             .map(|v| ViewVersion {
+                id: v.id,
                 name: v.name.clone(),
                 kind: v.kind,
                 root: v.root.clone(),

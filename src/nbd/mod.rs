@@ -211,6 +211,17 @@ pub trait Export: Send {
     fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError>;
     /// Writes `data` at `offset`; durable before returning if `fua`.
     fn write(&mut self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError>;
+    /// Writes several pipelined requests' data, in order (a later one wins where
+    /// they overlap); durable before returning if `fua`. The server calls it with the
+    /// writes a client already has in flight, so that an export can apply them at
+    /// the cost of one (one transaction); on an error every one of them is answered
+    /// with it. The default writes them one at a time.
+    fn write_batch(&mut self, writes: &[(u64, &[u8])], fua: bool) -> Result<(), ExportError> {
+        for &(offset, data) in writes {
+            self.write(offset, data, fua)?;
+        }
+        Ok(())
+    }
     /// Makes every write this export (any connection) has answered durable.
     fn flush(&mut self) -> Result<(), ExportError>;
     /// Discards a range (contents afterwards are unspecified until rewritten).

@@ -30,125 +30,269 @@ pub const CLIENT_FLAGS_KNOWN: u32 = (FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES) as u3
 
 /// Option codes.
 pub const OPT_EXPORT_NAME: u32 = 1;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const OPT_ABORT: u32 = 2;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const OPT_LIST: u32 = 3;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const OPT_STARTTLS: u32 = 5;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const OPT_INFO: u32 = 6;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const OPT_GO: u32 = 7;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const OPT_STRUCTURED_REPLY: u32 = 8;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const OPT_LIST_META_CONTEXT: u32 = 9;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const OPT_SET_META_CONTEXT: u32 = 10;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const OPT_EXTENDED_HEADERS: u32 = 11;
 
 /// Option reply types; errors have bit 31 set.
 pub const REP_ACK: u32 = 1;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const REP_SERVER: u32 = 2;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const REP_INFO: u32 = 3;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const REP_META_CONTEXT: u32 = 4;
 const REP_ERR: u32 = 1 << 31;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const REP_ERR_UNSUP: u32 = REP_ERR | 1;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const REP_ERR_POLICY: u32 = REP_ERR | 2;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const REP_ERR_INVALID: u32 = REP_ERR | 3;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const REP_ERR_PLATFORM: u32 = REP_ERR | 4;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const REP_ERR_TLS_REQD: u32 = REP_ERR | 5;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const REP_ERR_UNKNOWN: u32 = REP_ERR | 6;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const REP_ERR_SHUTDOWN: u32 = REP_ERR | 7;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const REP_ERR_TOO_BIG: u32 = REP_ERR | 9;
 
 /// NBD_INFO types inside NBD_REP_INFO.
 pub const INFO_EXPORT: u16 = 0;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const INFO_NAME: u16 = 1;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const INFO_DESCRIPTION: u16 = 2;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const INFO_BLOCK_SIZE: u16 = 3;
 
 /// Transmission flags.
 pub const TFLAG_HAS_FLAGS: u16 = 1;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const TFLAG_READ_ONLY: u16 = 2;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const TFLAG_SEND_FLUSH: u16 = 4;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const TFLAG_SEND_FUA: u16 = 8;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const TFLAG_SEND_TRIM: u16 = 32;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const TFLAG_SEND_WRITE_ZEROES: u16 = 64;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const TFLAG_SEND_DF: u16 = 128;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const TFLAG_CAN_MULTI_CONN: u16 = 256;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const TFLAG_SEND_FAST_ZERO: u16 = 2048;
 
 /// Command types.
 pub const CMD_READ: u16 = 0;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const CMD_WRITE: u16 = 1;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const CMD_DISC: u16 = 2;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const CMD_FLUSH: u16 = 3;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const CMD_TRIM: u16 = 4;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const CMD_CACHE: u16 = 5;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const CMD_WRITE_ZEROES: u16 = 6;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const CMD_BLOCK_STATUS: u16 = 7;
 
 /// Command flags.
 pub const CMD_FLAG_FUA: u16 = 1;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const CMD_FLAG_NO_HOLE: u16 = 2;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const CMD_FLAG_DF: u16 = 4;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const CMD_FLAG_REQ_ONE: u16 = 8;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const CMD_FLAG_FAST_ZERO: u16 = 16;
 
 /// Structured reply chunk flag: last chunk of the reply.
 pub const REPLY_FLAG_DONE: u16 = 1;
 /// Structured reply chunk types.
 pub const REPLY_TYPE_NONE: u16 = 0;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const REPLY_TYPE_ERROR: u16 = 32769;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const REPLY_TYPE_ERROR_OFFSET: u16 = 32770;
 
 /// `base:allocation` descriptor flags.
 pub const STATE_HOLE: u32 = 1;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const STATE_ZERO: u32 = 2;
 
 /// The only metadata context served, and the id it is given.
@@ -163,15 +307,30 @@ pub const MAX_STRING_LEN: usize = 4096;
 
 /// Sizes of the fixed-size wire structures.
 pub const GREETING_LEN: usize = 18;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const OPTION_HEADER_LEN: usize = 16;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const OPTION_REPLY_HEADER_LEN: usize = 20;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const REQUEST_LEN: usize = 28;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const SIMPLE_REPLY_LEN: usize = 16;
-#[allow(missing_docs, reason = "named as in the NBD spec, grouped under the doc line above")]
+#[allow(
+    missing_docs,
+    reason = "named as in the NBD spec, grouped under the doc line above"
+)]
 pub const CHUNK_HEADER_LEN: usize = 20;
 
 /// Reads exactly N bytes.

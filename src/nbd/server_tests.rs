@@ -396,6 +396,45 @@ fn pipelined_requests_and_disc() {
     assert!((0..32usize).all(|i| data[i * 4096] == i as u8));
 }
 
+/// Pipelined writes go to the export as one batch; a request in the middle that
+/// is out of range, or carries a bad flag, is answered with its own error and the
+/// rest are applied, overlapping ones in order.
+#[test]
+fn a_batch_answers_each_write_on_its_own() {
+    let srv = server();
+    let mut c = srv.client("disk1", false, false);
+    let size = srv.exports.get("disk1").unwrap().contents().len() as u64;
+    let write = |cookie: u64, flags: u16, offset: u64, byte: u8| {
+        let req = Request {
+            flags,
+            command: proto::CMD_WRITE,
+            cookie,
+            offset,
+            len: 4096,
+        };
+        let mut b = req.encode().to_vec();
+        b.extend_from_slice(&[byte; 4096]);
+        b
+    };
+    let mut stream = Vec::new();
+    stream.extend(write(1, 0, 0, 1));
+    stream.extend(write(2, 0, size - 100, 2)); // past the end: ENOSPC
+    stream.extend(write(3, proto::CMD_FLAG_NO_HOLE, 8192, 3)); // not a write flag: EINVAL
+    stream.extend(write(4, 0, 2048, 4)); // overlaps the first: later wins
+    stream.extend(write(5, proto::CMD_FLAG_FUA, 16384, 5));
+    c.s.write_all(&stream).unwrap();
+    let replies: Vec<(u64, u32)> = (0..5)
+        .map(|_| c.recv(0).unwrap())
+        .map(|r| (r.cookie, r.error))
+        .collect();
+    assert_eq!(replies, [(1, 0), (2, 28), (3, 22), (4, 0), (5, 0)]);
+    let data = srv.exports.get("disk1").unwrap().contents();
+    assert!(data[..2048].iter().all(|&b| b == 1));
+    assert!(data[2048..6144].iter().all(|&b| b == 4));
+    assert!(data[8192..12288].iter().all(|&b| b == 0));
+    assert!(data[16384..20480].iter().all(|&b| b == 5));
+}
+
 /// A client sends a write header and half its payload, with other requests
 /// already answered before it, then vanishes: nothing of the half write is
 /// applied and the server keeps serving.

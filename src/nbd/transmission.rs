@@ -16,6 +16,10 @@ use super::{Errno, ExportError, ZeroFlags};
 /// Most extents asked of the export per NBD_CMD_BLOCK_STATUS.
 const MAX_EXTENTS: usize = 1024;
 
+/// Most writes, and payload bytes, applied as one batch (`Export::write_batch`).
+const MAX_BATCH_WRITES: usize = 256;
+const MAX_BATCH_BYTES: usize = 8 << 20;
+
 /// Serves requests until the client disconnects (NBD_CMD_DISC or EOF) or
 /// breaks the protocol. Errors only say why the connection ended.
 pub(super) fn serve<R: Read, W: Write>(
@@ -28,6 +32,7 @@ pub(super) fn serve<R: Read, W: Write>(
         s: session,
         max_payload,
         buf: Vec::new(),
+        batch: Vec::new(),
     };
     let result = conn.run(r, w);
     // Replies already produced are owed to the client even if it then broke off.
@@ -50,6 +55,9 @@ struct Conn {
     max_payload: u32,
     /// Reused payload buffer; its length never exceeds `max_payload`.
     buf: Vec<u8>,
+    /// Reused buffer of a batch of writes' payloads, back to back; at most
+    /// `MAX_BATCH_BYTES` plus one payload.
+    batch: Vec<u8>,
 }
 
 impl Conn {
@@ -68,6 +76,10 @@ impl Conn {
             let result = match req.command {
                 proto::CMD_DISC => return Ok(()),
                 proto::CMD_WRITE => match self.read_payload(r, req)? {
+                    Ok(()) if write_buffered(r.buffer(), self.max_payload) => {
+                        self.write_batch(r, w, req)?;
+                        continue;
+                    }
                     Ok(()) => self.write(req),
                     Err(e) => Err(e),
                 },
@@ -96,6 +108,57 @@ impl Conn {
         self.buf.resize(req.len as usize, 0);
         r.read_exact(&mut self.buf)?;
         Ok(Ok(()))
+    }
+
+    /// Applies the write in `buf` with the writes right behind it that are already
+    /// buffered (whole, each within `max_payload`) as one batch, then answers each.
+    /// Reads nothing beyond what is buffered, so it never waits on the client.
+    fn write_batch<R: Read, W: Write>(
+        &mut self,
+        r: &mut BufReader<R>,
+        w: &mut W,
+        first: Request,
+    ) -> io::Result<()> {
+        self.batch.clear();
+        self.batch.extend_from_slice(&self.buf);
+        let mut reqs = vec![first];
+        while reqs.len() < MAX_BATCH_WRITES
+            && self.batch.len() < MAX_BATCH_BYTES
+            && write_buffered(r.buffer(), self.max_payload)
+        {
+            let header: [u8; proto::REQUEST_LEN] = proto::read_array(r)?;
+            let req = Request::decode(&header).ok_or_else(|| invalid("bad request magic"))?;
+            let at = self.batch.len();
+            self.batch.resize(at + req.len as usize, 0);
+            r.read_exact(&mut self.batch[at..])?;
+            reqs.push(req);
+        }
+        // Each request is checked on its own; the valid ones go to the export.
+        let checks: Vec<Result<(), ExportError>> = reqs
+            .iter()
+            .map(|&req| self.check(req, Errno::NoSpc, true))
+            .collect();
+        let mut writes = Vec::with_capacity(reqs.len());
+        let mut fua = false;
+        let mut at = 0;
+        for (req, check) in reqs.iter().zip(&checks) {
+            let data = &self.batch[at..at + req.len as usize];
+            at += req.len as usize;
+            if check.is_ok() && req.len > 0 {
+                writes.push((req.offset, data));
+                fua |= req.flags & proto::CMD_FLAG_FUA != 0;
+            }
+        }
+        let applied = if writes.is_empty() {
+            Ok(())
+        } else {
+            self.s.export.write_batch(&writes, fua)
+        };
+        for (req, check) in reqs.into_iter().zip(checks) {
+            let result = check.and_then(|()| applied.clone()).map(|()| Reply::Empty);
+            self.reply(w, req, result)?;
+        }
+        Ok(())
     }
 
     fn write(&mut self, req: Request) -> Result<Reply, ExportError> {
@@ -267,6 +330,17 @@ fn check_flags(req: Request) -> Result<(), ExportError> {
         return Err(ExportError::inval("flag not valid for this command"));
     }
     Ok(())
+}
+
+/// Whether `buf` starts with a whole write request whose payload the server
+/// accepts, so that it can join a batch.
+fn write_buffered(buf: &[u8], max_payload: u32) -> bool {
+    match Request::decode(buf) {
+        Some(req) if req.command == proto::CMD_WRITE && req.len <= max_payload => {
+            buf.len() >= proto::REQUEST_LEN + req.len as usize
+        }
+        _ => false,
+    }
 }
 
 /// Whether `buf` starts with a whole request (header and any payload), so a

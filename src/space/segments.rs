@@ -301,6 +301,39 @@ impl Segments {
         Ok(r)
     }
 
+    /// Appends several value extents in one write (what [`Segments::append_value`]
+    /// does for each, at the cost of one system call); returns their references in
+    /// order. `scratch` is reused to lay them out back to back.
+    pub(crate) fn append_values(
+        &self,
+        values: &[&[u8]],
+        scratch: &mut Vec<u8>,
+    ) -> Result<Vec<BlockRef>> {
+        if values.is_empty() {
+            return Ok(Vec::new());
+        }
+        scratch.clear();
+        for v in values {
+            scratch.extend_from_slice(v);
+        }
+        let (first, segment) = self.append_many(scratch)?;
+        lock(&self.appender).values_unsynced.insert(segment);
+        let mut at = 0u64;
+        let refs = values
+            .iter()
+            .map(|v| {
+                let r = BlockRef {
+                    addr: Addr::new(segment, first.offset() + at),
+                    len: crate::format::len_u32(v.len()),
+                    crc: crc(v),
+                };
+                at += v.len() as u64;
+                r
+            })
+            .collect();
+        Ok(refs)
+    }
+
     /// Appends a buffer holding several blocks; returns the address of its first byte
     /// (blocks inside are at that address plus their offset in the buffer) and the
     /// segment it went to.

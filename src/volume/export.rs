@@ -87,6 +87,12 @@ impl Export for VolumeExport {
             .map_err(to_nbd)
     }
 
+    fn write_batch(&mut self, writes: &[(u64, &[u8])], fua: bool) -> Result<(), ExportError> {
+        self.volume
+            .write_many(writes, durability(fua))
+            .map_err(to_nbd)
+    }
+
     fn flush(&mut self) -> Result<(), ExportError> {
         self.volume.sync().map_err(to_nbd)
     }

@@ -42,10 +42,11 @@ use crate::catalog::VersionKind;
 use crate::error::{Error, Result};
 use crate::options::Durability;
 use crate::store::Store;
-use crate::txn::WriteTxn;
-use blocks::{block_key, block_of, is_zero, pieces, Piece};
+use crate::txn::{ReadTxn, WriteTxn};
+use blocks::{block_key, block_of, is_zero, pieces, BlockKey, Piece};
 use header::{check_size, Header, HEADER_KEY};
 use serde::Serialize;
+use std::borrow::Cow;
 use std::sync::Arc;
 
 /// How many keys a range delete (trim, write-zeroes, shrink) removes per step.
@@ -63,6 +64,10 @@ pub fn check_geometry(size_bytes: u64, block_size: u32) -> Result<()> {
 pub struct Volume {
     store: Arc<Store>,
     name: String,
+    /// The version the handle was opened on: the name may be dropped and reused by
+    /// another volume while the handle lives (an NBD connection outlives a `volume
+    /// drop`), and the handle must then fail, not write into the newcomer.
+    version_id: u32,
     header: Header,
     kind: VersionKind,
 }
@@ -114,11 +119,13 @@ impl Volume {
         // is not a volume (no header), which `volume list` does not show.
         store.create_branch_with(name, Durability::Deferred)?;
         let mut txn = store.begin_write_on(name)?;
+        let version_id = txn.version_id();
         txn.put(HEADER_KEY, &header.encode())?;
         txn.commit()?;
         Ok(Volume {
             store: store.clone(),
             name: name.to_owned(),
+            version_id,
             header,
             kind: VersionKind::Branch,
         })
@@ -139,6 +146,7 @@ impl Volume {
         Ok(Volume {
             store: store.clone(),
             name: name.to_owned(),
+            version_id: read.version_id(),
             header,
             kind,
         })
@@ -172,7 +180,7 @@ impl Volume {
     /// Fills `buf` from `offset`; holes read as zeroes.
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check_range(offset, buf.len() as u64)?;
-        let read = self.store.read_at(&self.name)?;
+        let read = self.view()?;
         let bs = self.header.block_size as usize;
         let mut ps = pieces(offset, buf.len(), self.header.block_size);
         if let (Some(p), None) = (ps.next(), ps.next()) {
@@ -206,21 +214,46 @@ impl Volume {
     /// holes. `Durability::Deferred` returns once the write is visible (an NBD write
     /// without FUA); it becomes durable at the next [`Volume::sync`].
     pub fn write_at(&self, offset: u64, data: &[u8], durability: Durability) -> Result<()> {
-        self.check_range(offset, data.len() as u64)?;
+        self.write_many(&[(offset, data)], durability)
+    }
+
+    /// Writes each `(offset, data)` in order (a later write wins where two
+    /// overlap), all in one atomic transaction: what an NBD server does with the
+    /// writes a client has in flight at once, at the cost of one commit.
+    pub fn write_many(&self, writes: &[(u64, &[u8])], durability: Durability) -> Result<()> {
+        for &(offset, data) in writes {
+            self.check_range(offset, data.len() as u64)?;
+        }
         let mut txn = self.begin(durability)?;
         let bs = self.header.block_size as usize;
-        let mut scratch = Vec::new();
-        for p in pieces(offset, data.len(), self.header.block_size) {
-            let src = &data[p.at..p.at + p.len];
-            let key = block_key(p.block);
-            if p.is_whole(bs) {
-                put_block(&mut txn, &key, src)?;
-            } else {
-                self.read_block(&txn, &key, &mut scratch)?;
-                scratch[p.within..p.within + p.len].copy_from_slice(src);
-                put_block(&mut txn, &key, &scratch)?;
+        // Blocks to store wait here to go out together (one segment write), in
+        // order; anything that must see them (a partial block's read, a delete)
+        // sends them first.
+        let mut pending: Vec<(BlockKey, Cow<[u8]>)> = Vec::new();
+        for &(offset, data) in writes {
+            for p in pieces(offset, data.len(), self.header.block_size) {
+                let src = &data[p.at..p.at + p.len];
+                let key = block_key(p.block);
+                if p.is_whole(bs) && !is_zero(src) {
+                    pending.push((key, Cow::Borrowed(src)));
+                    continue;
+                }
+                put_pending(&mut txn, &mut pending)?;
+                if p.is_whole(bs) {
+                    txn.delete(&key)?;
+                    continue;
+                }
+                let mut block = Vec::new();
+                self.read_block(&txn, &key, &mut block)?;
+                block[p.within..p.within + p.len].copy_from_slice(src);
+                if is_zero(&block) {
+                    txn.delete(&key)?;
+                } else {
+                    pending.push((key, Cow::Owned(block)));
+                }
             }
         }
+        put_pending(&mut txn, &mut pending)?;
         txn.commit()
     }
 
@@ -244,7 +277,7 @@ impl Volume {
         self.check_range(offset, len)?;
         let bs = u64::from(self.header.block_size);
         let end = offset + len;
-        let read = self.store.read_at(&self.name)?;
+        let read = self.view()?;
         let (lo, hi) = (block_key(offset / bs), block_key(end.div_ceil(bs)));
         let max_runs = max_runs.max(1);
         let mut runs: Vec<Run> = Vec::new();
@@ -274,7 +307,7 @@ impl Volume {
     /// Calls `f` with the offset and bytes of every stored block, in order (holes are
     /// skipped): what an export of the volume writes.
     pub fn for_each_block(&self, mut f: impl FnMut(u64, &[u8]) -> Result<()>) -> Result<()> {
-        let read = self.store.read_at(&self.name)?;
+        let read = self.view()?;
         let bs = self.header.block_size as usize;
         let (lo, hi) = (block_key(0), block_key(self.header.blocks()));
         let mut iter = read.range(&lo[..]..&hi[..])?;
@@ -294,7 +327,7 @@ impl Volume {
 
     /// Bytes of blocks stored.
     pub fn allocated_bytes(&self) -> Result<u64> {
-        let read = self.store.read_at(&self.name)?;
+        let read = self.view()?;
         let (lo, hi) = (block_key(0), block_key(self.header.blocks()));
         let blocks = read.count(&lo[..]..&hi[..])?;
         Ok(blocks * u64::from(self.header.block_size))
@@ -382,8 +415,31 @@ impl Volume {
         Ok(out)
     }
 
+    /// A view of this volume's committed state.
+    fn view(&self) -> Result<ReadTxn> {
+        let read = self.store.read_at(&self.name).map_err(|e| self.gone(e))?;
+        if read.version_id() != self.version_id {
+            return Err(Error::VolumeNotFound(self.name.clone()));
+        }
+        Ok(read)
+    }
+
+    /// `VolumeNotFound` for a version that is gone.
+    fn gone(&self, e: Error) -> Error {
+        match e {
+            Error::VersionNotFound(_) => Error::VolumeNotFound(self.name.clone()),
+            e => e,
+        }
+    }
+
     fn begin(&self, durability: Durability) -> Result<WriteTxn<'_>> {
-        let mut txn = self.store.begin_write_on(&self.name)?;
+        let mut txn = self
+            .store
+            .begin_write_on(&self.name)
+            .map_err(|e| self.gone(e))?;
+        if txn.version_id() != self.version_id {
+            return Err(Error::VolumeNotFound(self.name.clone()));
+        }
         txn.set_durability(durability);
         // The size may have changed since this handle was opened: a write past
         // the current end would leave blocks a later grow would expose.
@@ -482,6 +538,17 @@ fn put_block(txn: &mut WriteTxn<'_>, key: &[u8], block: &[u8]) -> Result<()> {
     } else {
         txn.put(key, block)
     }
+}
+
+/// Puts the blocks waiting in `pending`, in order, in one segment write.
+fn put_pending(txn: &mut WriteTxn<'_>, pending: &mut Vec<(BlockKey, Cow<[u8]>)>) -> Result<()> {
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let pairs: Vec<(&[u8], &[u8])> = pending.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+    txn.put_many(&pairs)?;
+    pending.clear();
+    Ok(())
 }
 
 /// Deletes every key in `[lo, hi)`, visiting only keys that are there.

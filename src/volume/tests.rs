@@ -57,7 +57,7 @@ fn random_operations_match_a_byte_model_across_reopens() {
     let mut snapshots: Vec<(String, Vec<u8>)> = Vec::new();
     for step in 0..600 {
         let size = model.len() as u64;
-        match rng.below(20) {
+        match rng.below(21) {
             0..=9 => {
                 let offset = rng.below(size);
                 let len = rng.below((size - offset).min(5 * BS)) as usize + 1;
@@ -91,6 +91,20 @@ fn random_operations_match_a_byte_model_across_reopens() {
                 let blocks = rng.below(96) + 1;
                 vol.resize(blocks * BS).unwrap();
                 model.resize((blocks * BS) as usize, 0);
+            }
+            17 => {
+                // A batch of overlapping writes, partial blocks among them.
+                let mut batch: Vec<(u64, Vec<u8>)> = Vec::new();
+                for _ in 0..rng.below(6) + 1 {
+                    let offset = rng.below(size.min(8 * BS));
+                    let len = (rng.below(3 * BS) as usize + 1).min((size - offset) as usize);
+                    batch.push((offset, random_data(&mut rng, len)));
+                }
+                let writes: Vec<(u64, &[u8])> = batch.iter().map(|(o, d)| (*o, &d[..])).collect();
+                vol.write_many(&writes, Durability::Deferred).unwrap();
+                for (offset, data) in &batch {
+                    model[*offset as usize..*offset as usize + data.len()].copy_from_slice(data);
+                }
             }
             16 => {
                 drop(vol);
