@@ -502,10 +502,8 @@ impl ReadTxn {
         self.view.lsn.0
     }
 
-    /// The id of the version this view reads (see [`VersionInfo::id`]): a name may
-    /// be dropped and given to a new version, an id never is.
-    ///
-    /// [`VersionInfo::id`]: crate::VersionInfo::id
+    /// The id of the version this view reads (the `id` that `Store::versions`
+    /// lists): a name may be dropped and given to a new version, an id never is.
     pub fn version_id(&self) -> u32 {
         self.version.0
     }

@@ -231,10 +231,13 @@ pub(crate) fn shadow<'c>(slot: &'c mut Child, ctx: &mut WriteCtx<'_>) -> Result<
                 Some(ctx.copy(arc))
             } else if let Child::Mem(a) = slot {
                 if Arc::get_mut(a).is_none() {
-                    Some(ctx.copy(a))
-                } else {
-                    None
+                    // Dirty in this epoch and held by a reader's view too: the copy
+                    // takes the node's place (the view's copy is never written), so
+                    // it adds nothing to the bytes a checkpoint will write.
+                    let copy = ctx.copy(a);
+                    *slot = Child::Mem(Arc::new(copy));
                 }
+                None
             } else {
                 unreachable!("a Mem target comes from a Mem child")
             }

@@ -13,14 +13,10 @@
 
 use super::error::{CliError, CliResult, EXIT_USAGE};
 use super::open::check_name;
-use super::versions;
-use super::volume::{self, Outcome};
-use cambium::{Store, VersionKind};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 /// The control socket's file name in the store directory.
 pub const SOCKET_NAME: &str = "control.sock";
@@ -161,6 +157,24 @@ impl Request {
     }
 }
 
+/// What a volume command did, as the server (or this process) reports it: the line
+/// for people, and the object for `--json`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Outcome {
+    /// The line printed without --json.
+    pub text: String,
+    /// The JSON printed with --json.
+    pub json: serde_json::Value,
+}
+
+impl Outcome {
+    /// An outcome of a line and a JSON value.
+    pub fn new(text: String, json: impl Serialize) -> CliResult<Outcome> {
+        let json = serde_json::to_value(json).map_err(|e| CliError::failure(e.to_string()))?;
+        Ok(Outcome { text, json })
+    }
+}
+
 /// A request with how its answer is wanted.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Envelope {
@@ -252,21 +266,6 @@ pub fn read_request(stream: &UnixStream) -> Result<Envelope, Answer> {
         Ok(0) => Err(failed("empty request".into())),
         Ok(_) => serde_json::from_str(&line).map_err(|e| failed(format!("bad request: {e}"))),
         Err(e) => Err(failed(format!("reading the request: {e}"))),
-    }
-}
-
-/// Runs a request on an open store: in this process for a command, or in `serve`
-/// for a command that reached it over the control socket.
-pub fn execute(store: &Arc<Store>, json: bool, request: &Request) -> CliResult<Outcome> {
-    match request {
-        Request::Snapshot { source, name } => {
-            versions::make_in(store, json, source, name, VersionKind::Snapshot)
-        }
-        Request::Branch { source, name } => {
-            versions::make_in(store, json, source, name, VersionKind::Branch)
-        }
-        Request::Drop { name } => versions::drop_in(store, name),
-        _ => volume::execute(store, request),
     }
 }
 

@@ -15,6 +15,7 @@ mod data; // put, get, del, scan
 mod error; // CliError and the exit codes
 mod open; // opening a store, a branch to write, a version to read
 mod output; // printing pairs, JSON, counts, the spinner
+mod requests; // catalog changes, run here or in a serving process
 mod serve; // serve: volumes over NBD
 mod space; // clean, defrag, shrink, backrefs
 mod tour; // tour: the guided walk
@@ -147,13 +148,13 @@ fn dispatch(cli: Cli) -> CliResult {
         Command::Stats { dir } => admin::stats(&ctx, &mut out, dir),
         Command::Verify { dir } => admin::verify(&ctx, &mut out, dir),
         Command::Snapshot { dir, source, name } => {
-            versions::snapshot(&ctx, &mut out, dir, source, name)
+            requests::snapshot(&ctx, &mut out, dir, source, name)
         }
         Command::Branch { dir, source, name } => {
-            versions::branch(&ctx, &mut out, dir, source, name)
+            requests::branch(&ctx, &mut out, dir, source, name)
         }
         Command::Versions { dir } => versions::versions(&ctx, &mut out, dir),
-        Command::Drop { dir, name } => versions::drop(&ctx, &mut out, dir, name),
+        Command::Drop { dir, name } => requests::drop(&ctx, &mut out, dir, name),
         Command::Diff {
             dir,
             a,
@@ -170,7 +171,7 @@ fn dispatch(cli: Cli) -> CliResult {
             space::backrefs(&ctx, &mut out, dir, *segment, at.as_deref())
         }
         Command::Tour { keys, keep } => tour::tour(&ctx, &mut out, *keys, *keep),
-        Command::Volume(cmd) => volume::command(&ctx, &mut out, cmd),
+        Command::Volume(cmd) => requests::volume(&ctx, &mut out, cmd),
         Command::Serve {
             dir,
             socket,

@@ -9,6 +9,7 @@
 use super::control::{self, Answer};
 use super::error::{output_error, CliError, CliResult};
 use super::open::lock_wait;
+use super::requests;
 use super::Ctx;
 use cambium::nbd::{Listen, Server, ServerOptions};
 use cambium::volume::{export::VolumeExports, Volume};
@@ -209,7 +210,7 @@ fn answer(conn: &UnixStream, store: &Arc<Store>) {
             let result = envelope
                 .request
                 .check()
-                .and_then(|()| control::execute(store, envelope.json, &envelope.request));
+                .and_then(|()| requests::execute(store, envelope.json, &envelope.request));
             match result {
                 Ok(outcome) => Answer::Done(outcome),
                 Err(e) => Answer::Failed {

@@ -1,11 +1,10 @@
 //! The version commands: `snapshot`, `branch`, `versions`, `drop` and `diff`.
 
 use super::codec::{human_bytes, human_time_utc};
-use super::control::Request;
+use super::control::Outcome;
 use super::error::{output_error, CliError, CliResult};
 use super::open::{check_name, open_read_only};
 use super::output::{print_json, print_key_value};
-use super::volume::{self, Outcome};
 use super::Ctx;
 use cambium::{Change, Store, VersionInfo, VersionKind};
 use serde::Serialize;
@@ -13,25 +12,6 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
-
-/// Makes a snapshot or a branch, then prints what it made: a short line, or with
-/// `--json` the new version as `versions --json` lists it. While `serve` holds the
-/// store, the server makes it.
-fn make(
-    ctx: &Ctx,
-    out: &mut impl Write,
-    dir: &Path,
-    source: &str,
-    name: &str,
-    kind: VersionKind,
-) -> CliResult {
-    let (source, name) = (source.to_owned(), name.to_owned());
-    let request = match kind {
-        VersionKind::Snapshot => Request::Snapshot { source, name },
-        VersionKind::Branch => Request::Branch { source, name },
-    };
-    volume::run(ctx, out, dir, request)
-}
 
 /// Makes a snapshot or a branch in an open store; the JSON is the new version as
 /// `versions --json` lists it.
@@ -60,35 +40,10 @@ pub fn make_in(
     }
 }
 
-/// `cambium snapshot DIR SOURCE NAME`
-pub fn snapshot(
-    ctx: &Ctx,
-    out: &mut impl Write,
-    dir: &Path,
-    source: &str,
-    name: &str,
-) -> CliResult {
-    make(ctx, out, dir, source, name, VersionKind::Snapshot)
-}
-
-/// `cambium branch DIR SOURCE NAME`
-pub fn branch(ctx: &Ctx, out: &mut impl Write, dir: &Path, source: &str, name: &str) -> CliResult {
-    make(ctx, out, dir, source, name, VersionKind::Branch)
-}
-
 /// `drop --json` output.
 #[derive(Serialize)]
 struct JsonDropped<'a> {
     dropped: &'a str,
-}
-
-/// `cambium drop DIR NAME`: removes the version, then reclaims its space before the
-/// command exits (or, while `serve` holds the store, in the server's background).
-pub fn drop(ctx: &Ctx, out: &mut impl Write, dir: &Path, name: &str) -> CliResult {
-    let request = Request::Drop {
-        name: name.to_owned(),
-    };
-    volume::run(ctx, out, dir, request)
 }
 
 /// Drops a version in an open store.

@@ -4,17 +4,12 @@
 //! store, in the server, over its control socket (`control.rs`), so that a volume
 //! made or snapshotted while serving is exported at once.
 
-use super::args::VolumeCommand;
 use super::codec::human_bytes;
-use super::control::{self, Request};
-use super::error::{output_error, CliError, CliResult};
-use super::open::{open_read_only, open_writable};
-use super::output::print_json;
-use super::Ctx;
+use super::control::{Outcome, Request};
+use super::error::{CliError, CliResult};
 use cambium::volume::{Volume, VolumeInfo};
 use cambium::{Durability, Store};
-use serde::Serialize;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,149 +17,7 @@ use std::time::Instant;
 /// Bytes an import reads and writes per transaction.
 const IMPORT_CHUNK_BYTES: usize = 1 << 20;
 
-/// What a volume command did, as the server (or this process) reports it: the line
-/// for people, and the object for `--json`.
-#[derive(Debug, Serialize, serde::Deserialize)]
-pub struct Outcome {
-    /// The line printed without --json.
-    pub text: String,
-    /// The JSON printed with --json.
-    pub json: serde_json::Value,
-}
-
-impl Outcome {
-    /// An outcome of a line and a JSON value.
-    pub fn new(text: String, json: impl Serialize) -> CliResult<Outcome> {
-        let json = serde_json::to_value(json).map_err(|e| CliError::failure(e.to_string()))?;
-        Ok(Outcome { text, json })
-    }
-}
-
-/// `cambium volume ...`
-pub fn command(ctx: &Ctx, out: &mut impl Write, cmd: &VolumeCommand) -> CliResult {
-    let owned = |s: &str| s.to_owned();
-    let (dir, request) = match cmd {
-        VolumeCommand::Create {
-            dir,
-            name,
-            size,
-            block_size,
-        } => {
-            let block_size = block_size_arg(*block_size)?;
-            cambium::volume::check_geometry(*size, block_size)
-                .map_err(|e| CliError::usage(e.to_string()))?;
-            let request = Request::VolumeCreate {
-                name: owned(name),
-                size_bytes: *size,
-                block_size,
-            };
-            (dir, request)
-        }
-        VolumeCommand::List { dir } => (dir, Request::VolumeList),
-        VolumeCommand::Snapshot { dir, volume, name } => (
-            dir,
-            Request::VolumeSnapshot {
-                volume: owned(volume),
-                name: owned(name),
-            },
-        ),
-        VolumeCommand::Clone { dir, source, name } => (
-            dir,
-            Request::VolumeClone {
-                source: owned(source),
-                name: owned(name),
-            },
-        ),
-        VolumeCommand::Drop { dir, name } => (dir, Request::VolumeDrop { name: owned(name) }),
-        VolumeCommand::Resize { dir, name, size } => (
-            dir,
-            Request::VolumeResize {
-                name: owned(name),
-                size_bytes: *size,
-            },
-        ),
-        VolumeCommand::Import {
-            dir,
-            name,
-            file,
-            block_size,
-        } => {
-            let request = Request::VolumeImport {
-                name: owned(name),
-                file: absolute(file)?,
-                block_size: block_size_arg(*block_size)?,
-            };
-            (dir, request)
-        }
-        VolumeCommand::Export { dir, name, file } => (
-            dir,
-            Request::VolumeExport {
-                name: owned(name),
-                file: absolute(file)?,
-            },
-        ),
-    };
-    run(ctx, out, dir, request)
-}
-
-/// A block size argument: a power of two from 512 B to 1 MiB (exit 2 otherwise).
-fn block_size_arg(bytes: u64) -> CliResult<u32> {
-    let ok = bytes.is_power_of_two()
-        && (u64::from(cambium::volume::MIN_BLOCK_SIZE)
-            ..=u64::from(cambium::volume::MAX_BLOCK_SIZE))
-            .contains(&bytes);
-    match u32::try_from(bytes) {
-        Ok(b) if ok => Ok(b),
-        _ => Err(CliError::usage(format!(
-            "block size {bytes} is not a power of two from 512 to 1M"
-        ))),
-    }
-}
-
-/// A file argument as an absolute path (the server has its own working directory).
-fn absolute(file: &Path) -> CliResult<String> {
-    let path = std::path::absolute(file)
-        .map_err(|e| CliError::usage(format!("{}: {e}", file.display())))?;
-    path.to_str()
-        .map(str::to_owned)
-        .ok_or_else(|| CliError::usage(format!("{} is not UTF-8", path.display())))
-}
-
-/// Runs `request` in the server that holds the store, if one does, or here.
-pub fn run(ctx: &Ctx, out: &mut impl Write, dir: &Path, request: Request) -> CliResult {
-    request.check()?;
-    let outcome = match control::send(dir, ctx.json, &request)? {
-        Some(outcome) => outcome,
-        None if request.is_read_only() => {
-            let store = Arc::new(open_read_only(dir)?);
-            control::execute(&store, ctx.json, &request)?
-        }
-        None => {
-            let store = Arc::new(open_writable(dir)?);
-            let result = control::execute(&store, ctx.json, &request);
-            if result.is_ok() && request.changes_store() {
-                ctx.committed(request.describe());
-            }
-            close(store)?;
-            result?
-        }
-    };
-    if ctx.json {
-        print_json(out, &outcome.json)
-    } else {
-        out.write_all(outcome.text.as_bytes()).map_err(output_error)
-    }
-}
-
-/// Closes a store the command opened (its close checkpoints).
-pub fn close(store: Arc<Store>) -> CliResult {
-    match Arc::into_inner(store) {
-        Some(store) => Ok(store.close()?),
-        None => Err(CliError::failure("the store is still in use at close")),
-    }
-}
-
-/// Runs a volume request on an open store (see [`control::execute`]).
+/// Runs a volume request on an open store (see `requests::execute`).
 pub fn execute(store: &Arc<Store>, request: &Request) -> CliResult<Outcome> {
     match request {
         Request::VolumeCreate {

@@ -2,7 +2,7 @@
 //! copies, through random writes, zeroes, trims, resizes and reopens.
 
 use super::*;
-use crate::Store;
+use crate::store::Store;
 
 /// xorshift64*: deterministic, no dependency.
 struct Rng(u64);
