@@ -12,7 +12,6 @@ use super::{versions, volume, Ctx};
 use cambium::{Store, VersionKind};
 use std::io::Write;
 use std::path::Path;
-use std::sync::Arc;
 
 /// `cambium volume ...`
 pub fn volume(ctx: &Ctx, out: &mut impl Write, cmd: &VolumeCommand) -> CliResult {
@@ -110,11 +109,11 @@ pub fn run(ctx: &Ctx, out: &mut impl Write, dir: &Path, request: Request) -> Cli
     let outcome = match control::send(dir, ctx.json, &request)? {
         Some(outcome) => outcome,
         None if request.is_read_only() => {
-            let store = Arc::new(open_read_only(dir)?);
+            let store = open_read_only(dir)?;
             execute(&store, ctx.json, &request)?
         }
         None => {
-            let store = Arc::new(open_writable(dir)?);
+            let store = open_writable(dir)?;
             let result = execute(&store, ctx.json, &request);
             if result.is_ok() && request.changes_store() {
                 ctx.committed(request.describe());
@@ -131,16 +130,13 @@ pub fn run(ctx: &Ctx, out: &mut impl Write, dir: &Path, request: Request) -> Cli
 }
 
 /// Closes a store the command opened (its close checkpoints).
-pub fn close(store: Arc<Store>) -> CliResult {
-    match Arc::into_inner(store) {
-        Some(store) => Ok(store.close()?),
-        None => Err(CliError::failure("the store is still in use at close")),
-    }
+pub fn close(store: Store) -> CliResult {
+    Ok(store.close()?)
 }
 
 /// Runs a request on an open store: in this process for a command, or in `serve`
 /// for a command that reached it over the control socket.
-pub fn execute(store: &Arc<Store>, json: bool, request: &Request) -> CliResult<Outcome> {
+pub fn execute(store: &Store, json: bool, request: &Request) -> CliResult<Outcome> {
     match request {
         Request::Snapshot { source, name } => {
             versions::make_in(store, json, source, name, VersionKind::Snapshot)

@@ -38,7 +38,7 @@ pub fn serve(
         lock_wait: lock_wait(),
         ..Default::default()
     };
-    let store = Arc::new(Store::open_with(dir, opts)?);
+    let store = Store::open_with(dir, opts)?;
     // An absolute socket path, so that the URIs printed work from anywhere.
     let unix = |path: &Path| {
         std::path::absolute(path)
@@ -71,11 +71,8 @@ pub fn serve(
     let _ = watcher.join();
     control.stop();
     served.map_err(|e| CliError::failure(format!("serving: {e}")))?;
-    match Arc::into_inner(store) {
-        Some(store) => store.close()?,
-        None => return Err(CliError::failure("the store is still in use at shutdown")),
-    }
-    Ok(())
+    // Every connection and control request has ended: nothing else uses the store.
+    Ok(store.close()?)
 }
 
 fn describe(listen: &Listen) -> String {
@@ -90,7 +87,7 @@ fn describe(listen: &Listen) -> String {
 fn announce(
     ctx: &Ctx,
     out: &mut impl Write,
-    store: &Arc<Store>,
+    store: &Store,
     server: &Server,
     listen: &Listen,
 ) -> CliResult {
@@ -138,7 +135,7 @@ struct Control {
 impl Control {
     /// Binds `control.sock` in the store directory (replacing a stale one: the
     /// writer lock we hold says no other server runs on this store).
-    fn start(dir: &Path, store: Arc<Store>) -> CliResult<Control> {
+    fn start(dir: &Path, store: Store) -> CliResult<Control> {
         let path = control::socket_path(dir);
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path)
@@ -178,7 +175,7 @@ impl Control {
 
 fn accept_loop(
     listener: &UnixListener,
-    store: &Arc<Store>,
+    store: &Store,
     stopping: &AtomicBool,
     requests: &Mutex<Vec<Pending>>,
 ) {
@@ -204,7 +201,7 @@ fn accept_loop(
 }
 
 /// Runs one control request and answers it.
-fn answer(conn: &UnixStream, store: &Arc<Store>) {
+fn answer(conn: &UnixStream, store: &Store) {
     let answer = match control::read_request(conn) {
         Ok(envelope) => {
             let result = envelope

@@ -11,12 +11,11 @@ use serde::Serialize;
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
-use std::sync::Arc;
 
 /// Makes a snapshot or a branch in an open store; the JSON is the new version as
 /// `versions --json` lists it.
 pub fn make_in(
-    store: &Arc<Store>,
+    store: &Store,
     json: bool,
     source: &str,
     name: &str,
@@ -47,7 +46,7 @@ struct JsonDropped<'a> {
 }
 
 /// Drops a version in an open store.
-pub fn drop_in(store: &Arc<Store>, name: &str) -> CliResult<Outcome> {
+pub fn drop_in(store: &Store, name: &str) -> CliResult<Outcome> {
     store.drop_version(name)?;
     Outcome::new(format!("dropped {name}\n"), JsonDropped { dropped: name })
 }

@@ -11,14 +11,13 @@ use cambium::volume::{Volume, VolumeInfo};
 use cambium::{Durability, Store};
 use std::io::Read;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Instant;
 
 /// Bytes an import reads and writes per transaction.
 const IMPORT_CHUNK_BYTES: usize = 1 << 20;
 
 /// Runs a volume request on an open store (see `requests::execute`).
-pub fn execute(store: &Arc<Store>, request: &Request) -> CliResult<Outcome> {
+pub fn execute(store: &Store, request: &Request) -> CliResult<Outcome> {
     match request {
         Request::VolumeCreate {
             name,
@@ -97,14 +96,14 @@ fn usage_if_invalid(e: cambium::Error) -> CliError {
 }
 
 /// One volume's listing entry.
-fn info(store: &Arc<Store>, name: &str) -> CliResult<VolumeInfo> {
+fn info(store: &Store, name: &str) -> CliResult<VolumeInfo> {
     Volume::list(store)?
         .into_iter()
         .find(|v| v.name == name)
         .ok_or_else(|| CliError::failure(format!("volume {name:?} is not listed")))
 }
 
-fn list(store: &Arc<Store>) -> CliResult<Outcome> {
+fn list(store: &Store) -> CliResult<Outcome> {
     let volumes = Volume::list(store)?;
     let header = [
         "VOLUME",
@@ -160,7 +159,7 @@ fn table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
 }
 
 /// `volume import`: a raw image into a new volume; zero blocks stay holes.
-fn import(store: &Arc<Store>, name: &str, file: &Path, block_size: u32) -> CliResult<Outcome> {
+fn import(store: &Store, name: &str, file: &Path, block_size: u32) -> CliResult<Outcome> {
     let mut input = std::fs::File::open(file)
         .map_err(|e| CliError::failure(format!("open {}: {e}", file.display())))?;
     let len = input
@@ -202,7 +201,7 @@ fn import(store: &Arc<Store>, name: &str, file: &Path, block_size: u32) -> CliRe
 }
 
 /// `volume export`: the volume into a sparse raw file (holes are not written).
-fn export(store: &Arc<Store>, name: &str, file: &Path) -> CliResult<Outcome> {
+fn export(store: &Store, name: &str, file: &Path) -> CliResult<Outcome> {
     use std::os::unix::fs::FileExt;
     let vol = Volume::open(store, name)?;
     let fail = |what: &str, e: std::io::Error| {

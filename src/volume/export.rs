@@ -12,16 +12,15 @@ use crate::error::Error;
 use crate::nbd::{Errno, Export, ExportError, Exports, Extent, ZeroFlags};
 use crate::options::Durability;
 use crate::store::Store;
-use std::sync::Arc;
 
 /// The volumes of one store, as NBD exports.
 pub struct VolumeExports {
-    store: Arc<Store>,
+    store: Store,
 }
 
 impl VolumeExports {
     /// Exports the volumes of `store`.
-    pub fn new(store: Arc<Store>) -> VolumeExports {
+    pub fn new(store: Store) -> VolumeExports {
         VolumeExports { store }
     }
 }

@@ -17,9 +17,8 @@
 //! # fn main() -> cambium::Result<()> {
 //! use cambium::volume::Volume;
 //! use cambium::Durability;
-//! use std::sync::Arc;
 //! let dir = tempfile::tempdir()?;
-//! let store = Arc::new(cambium::Store::create(dir.path())?);
+//! let store = cambium::Store::create(dir.path())?;
 //! let disk = Volume::create(&store, "disk", 1 << 20, 4096)?;
 //! disk.write_at(8192, b"hello", Durability::Immediate)?;
 //! Volume::snapshot(&store, "disk", "disk.1")?;
@@ -47,7 +46,6 @@ use blocks::{block_key, block_of, is_zero, pieces, BlockKey, Piece};
 use header::{check_size, Header, HEADER_KEY};
 use serde::Serialize;
 use std::borrow::Cow;
-use std::sync::Arc;
 
 /// How many keys a range delete (trim, write-zeroes, shrink) removes per step.
 const DELETE_STEP_KEYS: usize = 4096;
@@ -62,7 +60,7 @@ pub fn check_geometry(size_bytes: u64, block_size: u32) -> Result<()> {
 /// may be open on one volume, in any threads.
 #[derive(Clone, Debug)]
 pub struct Volume {
-    store: Arc<Store>,
+    store: Store,
     name: String,
     /// The version the handle was opened on: the name may be dropped and reused by
     /// another volume while the handle lives (an NBD connection outlives a `volume
@@ -108,12 +106,7 @@ pub struct VolumeInfo {
 impl Volume {
     /// Makes a new, empty volume `name` of `size_bytes` (a positive multiple of
     /// `block_size`, a power of two from 512 B to 1 MiB). Durable on return.
-    pub fn create(
-        store: &Arc<Store>,
-        name: &str,
-        size_bytes: u64,
-        block_size: u32,
-    ) -> Result<Volume> {
+    pub fn create(store: &Store, name: &str, size_bytes: u64, block_size: u32) -> Result<Volume> {
         let header = Header::new(size_bytes, block_size)?;
         // Two records, one fsync: a crash between them leaves an empty branch that
         // is not a volume (no header), which `volume list` does not show.
@@ -133,7 +126,7 @@ impl Volume {
 
     /// Opens volume `name`: [`Error::VolumeNotFound`] if there is no such version or
     /// it is not a volume.
-    pub fn open(store: &Arc<Store>, name: &str) -> Result<Volume> {
+    pub fn open(store: &Store, name: &str) -> Result<Volume> {
         let not_found = |e| match e {
             Error::VersionNotFound(_) => Error::VolumeNotFound(name.to_owned()),
             e => e,
@@ -173,7 +166,7 @@ impl Volume {
     }
 
     /// The store it lives in.
-    pub fn store(&self) -> &Arc<Store> {
+    pub fn store(&self) -> &Store {
         &self.store
     }
 
@@ -353,7 +346,7 @@ impl Volume {
     }
 
     /// Makes a read-only snapshot `name` of volume `source`, in constant time.
-    pub fn snapshot(store: &Arc<Store>, source: &str, name: &str) -> Result<Volume> {
+    pub fn snapshot(store: &Store, source: &str, name: &str) -> Result<Volume> {
         Volume::open(store, source)?;
         store.snapshot(source, name)?;
         Volume::open(store, name)
@@ -361,21 +354,21 @@ impl Volume {
 
     /// Makes a writable clone `name` of volume `source` (a volume or a snapshot of
     /// one), in constant time.
-    pub fn clone_volume(store: &Arc<Store>, source: &str, name: &str) -> Result<Volume> {
+    pub fn clone_volume(store: &Store, source: &str, name: &str) -> Result<Volume> {
         Volume::open(store, source)?;
         store.branch(source, name)?;
         Volume::open(store, name)
     }
 
     /// Removes volume `name`; its space comes back as for any dropped version.
-    pub fn drop_volume(store: &Arc<Store>, name: &str) -> Result<()> {
+    pub fn drop_volume(store: &Store, name: &str) -> Result<()> {
         Volume::open(store, name)?;
         store.drop_version(name)
     }
 
     /// Every volume (and volume snapshot) in the store, in the order they were made,
     /// with its space. Walks the store's versions for the space figures.
-    pub fn list(store: &Arc<Store>) -> Result<Vec<VolumeInfo>> {
+    pub fn list(store: &Store) -> Result<Vec<VolumeInfo>> {
         let mut out = Vec::new();
         for v in store.versions()? {
             let vol = match Volume::open(store, &v.name) {
@@ -400,7 +393,7 @@ impl Volume {
 
     /// The names of the volumes and volume snapshots, with whether each is a
     /// snapshot: cheap (no space accounting).
-    pub fn names(store: &Arc<Store>) -> Result<Vec<(String, bool)>> {
+    pub fn names(store: &Store) -> Result<Vec<(String, bool)>> {
         let mut out = Vec::new();
         for (name, kind) in store.version_names() {
             match store.read_at(&name) {

@@ -50,7 +50,7 @@ fn check(vol: &Volume, model: &[u8]) {
 fn random_operations_match_a_byte_model_across_reopens() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s");
-    let mut store = Arc::new(Store::create(&path).unwrap());
+    let mut store = Store::create(&path).unwrap();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut model = vec![0u8; (64 * BS) as usize];
     let mut vol = Volume::create(&store, "disk", model.len() as u64, BS as u32).unwrap();
@@ -108,8 +108,8 @@ fn random_operations_match_a_byte_model_across_reopens() {
             }
             16 => {
                 drop(vol);
-                Arc::into_inner(store).unwrap().close().unwrap();
-                store = Arc::new(Store::open(&path).unwrap());
+                store.close().unwrap();
+                store = Store::open(&path).unwrap();
                 vol = Volume::open(&store, "disk").unwrap();
             }
             _ => {
@@ -140,7 +140,7 @@ fn random_operations_match_a_byte_model_across_reopens() {
 #[test]
 fn snapshots_are_read_only_and_clones_diverge() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(Store::create(dir.path()).unwrap());
+    let store = Store::create(dir.path()).unwrap();
     let base = Volume::create(&store, "base", 16 * BS, BS as u32).unwrap();
     base.write_at(0, &[7u8; 8192], Durability::Immediate)
         .unwrap();
@@ -180,7 +180,7 @@ fn snapshots_are_read_only_and_clones_diverge() {
 #[test]
 fn bad_geometry_and_ranges_are_errors() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(Store::create(dir.path()).unwrap());
+    let store = Store::create(dir.path()).unwrap();
     assert!(Volume::create(&store, "a", 1000, 4096).is_err());
     assert!(Volume::create(&store, "a", 4096, 1000).is_err());
     let v = Volume::create(&store, "a", 8192, 4096).unwrap();
