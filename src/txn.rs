@@ -677,6 +677,20 @@ impl Iter {
         }
     }
 
+    /// The next key from the front with the length of its value, which is not
+    /// read (an out-of-line value's length is in its reference).
+    pub(crate) fn next_key_and_len(&mut self) -> Option<Result<(&[u8], usize)>> {
+        if let Err(e) = self.advance_end(true)? {
+            return Some(Err(e));
+        }
+        let (key, value) = self.front.as_ref()?.current()?;
+        let len = match value {
+            ValueRef::Inline(v) => v.len(),
+            ValueRef::Extent(r) => r.len as usize,
+        };
+        Some(Ok((key, len)))
+    }
+
     fn next_ref_from(&mut self, forward: bool) -> Option<Result<(&[u8], &[u8])>> {
         if let Err(e) = self.advance_end(forward)? {
             return Some(Err(e));

@@ -147,3 +147,28 @@ fn import_and_export_keep_holes_and_bytes() {
         &["/nonexistent/file"],
     );
 }
+
+#[test]
+fn verify_checks_volume_blocks_against_the_header() {
+    let t = TestStore::new();
+    ok(t.volume("create", &["disk", "--size", "1M"]));
+    assert!(ok(t.run("verify", &[])).contains("clean"));
+    // A one-byte "block", written around the volume layer.
+    let put = cli_common::run(&[
+        "--hex",
+        "put",
+        t.d(),
+        "010000000000000003",
+        "aa",
+        "--branch",
+        "disk",
+    ]);
+    assert_eq!(put.status.code(), Some(0), "{}", cli_common::stderr(&put));
+    let out = cli_common::run(&["verify", t.d()]);
+    assert_eq!(out.status.code(), Some(4), "{}", cli_common::stdout(&out));
+    assert!(
+        cli_common::stdout(&out).contains("block 3 holds 1 bytes, not 4096"),
+        "{}",
+        cli_common::stdout(&out)
+    );
+}

@@ -318,6 +318,42 @@ impl Volume {
         Ok(())
     }
 
+    /// Checks the volume's keys against its header without reading a block: every
+    /// key after the header names a block inside the volume and holds exactly a
+    /// block's bytes. Returns the problems found (the store's `verify` checks the
+    /// blocks' checksums; this checks what only the volume layer knows).
+    pub fn check(&self) -> Result<Vec<String>> {
+        let read = self.view()?;
+        let mut problems = Vec::new();
+        let mut iter = read.range(&[0x01u8][..]..)?;
+        while let Some(entry) = iter.next_key_and_len() {
+            let (key, len) = entry?;
+            let problem = match block_of(key) {
+                None => Some(format!("a key of {} bytes that names no block", key.len())),
+                Some(b) if b >= self.header.blocks() => Some(format!(
+                    "block {b} lies past the end ({} blocks)",
+                    self.header.blocks()
+                )),
+                Some(b) if len != self.header.block_size as usize => Some(format!(
+                    "block {b} holds {len} bytes, not {}",
+                    self.header.block_size
+                )),
+                Some(_) => None,
+            };
+            if let Some(p) = problem {
+                problems.push(format!("volume {:?}: {p}", self.name));
+                if problems.len() >= 100 {
+                    problems.push(format!(
+                        "volume {:?}: (stopped after 100 problems)",
+                        self.name
+                    ));
+                    break;
+                }
+            }
+        }
+        Ok(problems)
+    }
+
     /// Bytes of blocks stored.
     pub fn allocated_bytes(&self) -> Result<u64> {
         let read = self.view()?;

@@ -199,3 +199,29 @@ fn bad_geometry_and_ranges_are_errors() {
     assert!(v.write_at(0, b"x", Durability::Immediate).is_err());
     other.resize(8192).unwrap();
 }
+
+#[test]
+fn check_finds_blocks_the_header_does_not_allow() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::create(dir.path()).unwrap();
+    let vol = Volume::create(&store, "disk", 8 * BS, BS as u32).unwrap();
+    vol.write_at(0, &[1u8; 8192], Durability::Immediate)
+        .unwrap();
+    assert_eq!(vol.check().unwrap(), Vec::<String>::new());
+    // Written around the volume layer: a short block, one past the end, a stray key.
+    let mut txn = store.begin_write_on("disk").unwrap();
+    txn.put(&block_key(3), &[7u8; 100]).unwrap();
+    txn.put(&block_key(8), &[7u8; BS as usize]).unwrap();
+    txn.put(b"\x01short", b"x").unwrap();
+    txn.commit().unwrap();
+    let problems = vol.check().unwrap();
+    assert_eq!(problems.len(), 3, "{problems:?}");
+    assert!(
+        problems[0].contains("block 3 holds 100 bytes"),
+        "{problems:?}"
+    );
+    assert!(problems
+        .iter()
+        .any(|p| p.contains("block 8 lies past the end")));
+    assert!(problems.iter().any(|p| p.contains("names no block")));
+}
