@@ -693,7 +693,7 @@ fn fio_verify_and_snapshot_while_serving() {
     // The snapshot goes through the control socket to the running server.
     let out = ok(t.volume("snapshot", &["disk", "snap"]));
     assert!(
-        out.starts_with("created snapshot snap of volume disk in ") && out.ends_with(" ms\n"),
+        out.starts_with("created snapshot snap of volume disk in ") && out.ends_with(" ms)\n"),
         "{out}"
     );
 

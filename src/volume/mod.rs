@@ -382,17 +382,42 @@ impl Volume {
     }
 
     /// Makes a read-only snapshot `name` of volume `source`, in constant time.
+    /// Durable on return.
     pub fn snapshot(store: &Store, source: &str, name: &str) -> Result<Volume> {
+        Volume::snapshot_with(store, source, name, Durability::Immediate)
+    }
+
+    /// [`Volume::snapshot`] with a choice of durability: `Deferred` returns as soon
+    /// as the snapshot exists (it holds every write committed before it, and writers
+    /// wait only while its catalog record is appended); [`Volume::sync`] then makes
+    /// it durable without holding anyone up.
+    pub fn snapshot_with(
+        store: &Store,
+        source: &str,
+        name: &str,
+        durability: Durability,
+    ) -> Result<Volume> {
         Volume::open(store, source)?;
-        store.snapshot(source, name)?;
+        store.snapshot_with(source, name, durability)?;
         Volume::open(store, name)
     }
 
     /// Makes a writable clone `name` of volume `source` (a volume or a snapshot of
-    /// one), in constant time.
+    /// one), in constant time. Durable on return.
     pub fn clone_volume(store: &Store, source: &str, name: &str) -> Result<Volume> {
+        Volume::clone_with(store, source, name, Durability::Immediate)
+    }
+
+    /// [`Volume::clone_volume`] with a choice of durability (see
+    /// [`Volume::snapshot_with`]).
+    pub fn clone_with(
+        store: &Store,
+        source: &str,
+        name: &str,
+        durability: Durability,
+    ) -> Result<Volume> {
         Volume::open(store, source)?;
-        store.branch(source, name)?;
+        store.branch_with(source, name, durability)?;
         Volume::open(store, name)
     }
 
