@@ -47,6 +47,9 @@ use header::{check_size, Header, HEADER_KEY};
 use serde::Serialize;
 use std::borrow::Cow;
 
+/// How many blocks one `allocation` call visits at most.
+const ALLOCATION_KEYS_MAX: u32 = 1 << 16;
+
 /// How many keys a range delete (trim, write-zeroes, shrink) removes per step.
 const DELETE_STEP_KEYS: usize = 4096;
 
@@ -276,24 +279,32 @@ impl Volume {
         let mut runs: Vec<Run> = Vec::new();
         let mut pos = offset;
         let mut keys = read.range(&lo[..]..&hi[..])?.keys();
-        while pos < end && runs.len() < max_runs {
+        // A run of allocated blocks can be long: stop after this many keys and
+        // answer what was found (the caller asks again from where the runs end).
+        let mut budget = ALLOCATION_KEYS_MAX;
+        while pos < end {
             let Some(key) = keys.next_ref() else {
-                push_run(&mut runs, end - pos, false);
+                push_run(&mut runs, max_runs, end - pos, false);
                 break;
             };
             let key = key?;
             let block = block_of(key).ok_or_else(|| self.bad_key(key))?;
             // The first block may start before `offset`; every block starts before `end`.
             let start = (block * bs).max(pos);
-            if start > pos {
-                push_run(&mut runs, start - pos, false);
+            if start > pos && !push_run(&mut runs, max_runs, start - pos, false) {
+                break;
             }
+            pos = start;
             let block_end = ((block + 1) * bs).min(end);
-            push_run(&mut runs, block_end - start, true);
+            if !push_run(&mut runs, max_runs, block_end - pos, true) {
+                break;
+            }
             pos = block_end;
+            budget -= 1;
+            if budget == 0 {
+                break;
+            }
         }
-        // The last step may have added a hole and a block beyond the limit.
-        runs.truncate(max_runs);
         Ok(runs)
     }
 
@@ -644,11 +655,17 @@ fn piece_of(offset: u64, len: usize, block_size: usize, block: u64) -> Option<Pi
     })
 }
 
-fn push_run(runs: &mut Vec<Run>, len: u64, allocated: bool) {
-    match runs.last_mut() {
-        Some(last) if last.allocated == allocated => last.len += len,
-        _ => runs.push(Run { len, allocated }),
+/// Extends the last run, or starts a new one if there are fewer than `max_runs`;
+/// false when the run did not fit.
+fn push_run(runs: &mut Vec<Run>, max_runs: usize, len: u64, allocated: bool) -> bool {
+    if let Some(last) = runs.last_mut().filter(|last| last.allocated == allocated) {
+        last.len += len;
+    } else if runs.len() < max_runs {
+        runs.push(Run { len, allocated });
+    } else {
+        return false;
     }
+    true
 }
 
 #[cfg(test)]

@@ -225,3 +225,65 @@ fn check_finds_blocks_the_header_does_not_allow() {
         .any(|p| p.contains("block 8 lies past the end")));
     assert!(problems.iter().any(|p| p.contains("names no block")));
 }
+
+#[test]
+fn allocation_merges_a_long_run_even_when_asked_for_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::create(dir.path()).unwrap();
+    let vol = Volume::create(&store, "disk", 1024 * BS, BS as u32).unwrap();
+    vol.write_at(
+        10 * BS,
+        &vec![1u8; (100 * BS) as usize],
+        Durability::Immediate,
+    )
+    .unwrap();
+    let size = vol.size();
+    let one = |offset| vol.allocation(offset, size - offset, 1).unwrap();
+    // REQ_ONE-style questions get whole runs, not a block at a time.
+    assert_eq!(
+        one(0),
+        [Run {
+            len: 10 * BS,
+            allocated: false
+        }]
+    );
+    assert_eq!(
+        one(10 * BS),
+        [Run {
+            len: 100 * BS,
+            allocated: true
+        }]
+    );
+    assert_eq!(
+        one(50 * BS + 7),
+        [Run {
+            len: 60 * BS - 7,
+            allocated: true
+        }]
+    );
+    assert_eq!(
+        one(110 * BS),
+        [Run {
+            len: size - 110 * BS,
+            allocated: false
+        }]
+    );
+    let all = vol.allocation(0, size, 16).unwrap();
+    assert_eq!(
+        all,
+        [
+            Run {
+                len: 10 * BS,
+                allocated: false
+            },
+            Run {
+                len: 100 * BS,
+                allocated: true
+            },
+            Run {
+                len: size - 110 * BS,
+                allocated: false
+            },
+        ]
+    );
+}
