@@ -197,6 +197,34 @@ fn import(store: &Store, name: &str, file: &Path, block_size: u32) -> CliResult<
     let size = len.div_ceil(u64::from(block_size)) * u64::from(block_size);
     let vol = Volume::create(store, name, size, block_size).map_err(usage_if_invalid)?;
     let bar = progress(size, "importing");
+    if let Err(e) = copy_in(&vol, &mut input, len, file, &bar) {
+        // Half an image is no image: the new volume goes again (best effort; a
+        // failure to drop it leaves a volume the user can drop by name).
+        let _ = Volume::drop_volume(store, name);
+        return Err(e);
+    }
+    bar.finish_and_clear();
+    let allocated = vol.allocated_bytes()?;
+    Outcome::new(
+        format!(
+            "imported {} into volume {name}: {}, {} allocated\n",
+            file.display(),
+            human_bytes(size),
+            human_bytes(allocated)
+        ),
+        info(store, name)?,
+    )
+}
+
+/// Writes `len` bytes of `input` into the new volume `vol`, skipping zero chunks, and
+/// makes them durable.
+fn copy_in(
+    vol: &Volume,
+    input: &mut std::fs::File,
+    len: u64,
+    file: &Path,
+    bar: &indicatif::ProgressBar,
+) -> CliResult {
     let mut chunk = vec![0u8; IMPORT_CHUNK_BYTES];
     let mut offset = 0u64;
     while offset < len {
@@ -211,18 +239,7 @@ fn import(store: &Store, name: &str, file: &Path, block_size: u32) -> CliResult<
         offset += want as u64;
         bar.set_position(offset);
     }
-    vol.sync()?;
-    bar.finish_and_clear();
-    let allocated = vol.allocated_bytes()?;
-    Outcome::new(
-        format!(
-            "imported {} into volume {name}: {}, {} allocated\n",
-            file.display(),
-            human_bytes(size),
-            human_bytes(allocated)
-        ),
-        info(store, name)?,
-    )
+    Ok(vol.sync()?)
 }
 
 /// `volume export`: the volume into a sparse raw file (holes are not written).
