@@ -309,8 +309,11 @@ impl Segments {
         values: &[&[u8]],
         scratch: &mut Vec<u8>,
     ) -> Result<Vec<BlockRef>> {
-        if values.is_empty() {
-            return Ok(Vec::new());
+        match values {
+            [] => return Ok(Vec::new()),
+            // One value needs no laying out (the common 4 KiB write).
+            [one] => return Ok(vec![self.append_value(one)?]),
+            _ => {}
         }
         scratch.clear();
         for v in values {

@@ -6,6 +6,28 @@
 //! visible to every connection (a `Deferred` commit); a flush, or a write with FUA,
 //! is answered once everything answered before it is durable (one WAL fsync after
 //! the segments holding the blocks).
+//!
+//! Serving a store's volumes from a program of one's own, as `cambium serve` does:
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use cambium::nbd::{Listen, Server, ServerOptions};
+//! use cambium::volume::{export::VolumeExports, Volume};
+//! use std::sync::Arc;
+//! let dir = tempfile::tempdir()?;
+//! let store = cambium::Store::create(dir.path().join("store"))?;
+//! Volume::create(&store, "disk", 64 << 20, 4096)?;
+//! let server = Server::bind(
+//!     &Listen::Unix(dir.path().join("nbd.sock")),
+//!     ServerOptions::default(),
+//! )?;
+//! // Clients connect to nbd+unix:///disk?socket=<dir>/nbd.sock until stopped.
+//! let stop = server.shutdown_handle();
+//! let serving = std::thread::spawn(move || server.run(Arc::new(VolumeExports::new(store))));
+//! stop.shutdown(); // from a signal handler, say
+//! serving.join().expect("server thread")?;
+//! # Ok(()) }
+//! ```
 
 use super::{Run, Volume};
 use crate::error::Error;
