@@ -114,12 +114,20 @@ pub fn run(ctx: &Ctx, out: &mut impl Write, dir: &Path, request: Request) -> Cli
         }
         None => {
             let store = open_writable(dir)?;
-            let result = execute(&store, ctx.json, &request);
-            if result.is_ok() && request.changes_store() {
-                ctx.committed(request.describe());
+            match execute(&store, ctx.json, &request) {
+                Ok(outcome) => {
+                    if request.changes_store() {
+                        ctx.committed(request.describe());
+                    }
+                    close(store)?;
+                    outcome
+                }
+                Err(e) => {
+                    // The request's own error is the one to report.
+                    let _ = close(store);
+                    return Err(e);
+                }
             }
-            close(store)?;
-            result?
         }
     };
     if ctx.json {
