@@ -57,6 +57,15 @@ fn create_list_snapshot_clone_resize_drop() {
         .collect();
     assert_eq!(names, ["disk", "disk.1", "work"]);
     assert_eq!(json[0]["size_bytes"], 10u64 << 30);
+    assert_eq!(json[0]["provisioned_bytes"], 10u64 << 30);
+    assert_eq!(
+        json[0]["exclusive_bytes"].as_u64().map(|b| b < 4096),
+        Some(true)
+    );
+    assert_eq!(
+        json[1]["shared_bytes"].as_u64().map(|b| b < 4096),
+        Some(true)
+    );
     assert_eq!(json[0]["allocated_bytes"], 0);
     assert_eq!(json[1]["snapshot"], true);
     assert_eq!(json[2]["parent"], "disk.1");

@@ -133,7 +133,7 @@ fn list(store: &Store) -> CliResult<Outcome> {
     let header = [
         "VOLUME",
         "KIND",
-        "SIZE",
+        "PROVISIONED",
         "ALLOCATED",
         "EXCLUSIVE",
         "SHARED",

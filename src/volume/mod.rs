@@ -93,6 +93,9 @@ pub struct VolumeInfo {
     pub parent: Option<String>,
     /// Its size: the bytes a client sees.
     pub size_bytes: u64,
+    /// The same, under the name thin provisioning gives it: bytes promised, whether
+    /// stored or not.
+    pub provisioned_bytes: u64,
     /// Its block size.
     pub block_size: u32,
     /// Bytes of blocks stored (blocks written and not trimmed or zeroed).
@@ -453,6 +456,7 @@ impl Volume {
                 snapshot: vol.is_read_only(),
                 parent: v.parent,
                 size_bytes: vol.size(),
+                provisioned_bytes: vol.size(),
                 block_size: vol.block_size(),
                 exclusive_bytes: v.exclusive_bytes,
                 shared_bytes: v.referenced_bytes.saturating_sub(v.exclusive_bytes),
