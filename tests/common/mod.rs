@@ -332,7 +332,9 @@ pub fn run_seeds(
 }
 
 fn test_file_of(family: &str) -> &'static str {
-    if family.starts_with("crash") {
+    if family.starts_with("volume_crash") {
+        "volume_crash"
+    } else if family.starts_with("crash") {
         "crash"
     } else if family.starts_with("fault") {
         "faults"
