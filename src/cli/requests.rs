@@ -119,12 +119,12 @@ pub fn run(ctx: &Ctx, out: &mut impl Write, dir: &Path, request: Request) -> Cli
                     if request.changes_store() {
                         ctx.committed(request.describe());
                     }
-                    close(store)?;
+                    store.close()?;
                     outcome
                 }
                 Err(e) => {
                     // The request's own error is the one to report.
-                    let _ = close(store);
+                    let _ = store.close();
                     return Err(e);
                 }
             }
@@ -135,11 +135,6 @@ pub fn run(ctx: &Ctx, out: &mut impl Write, dir: &Path, request: Request) -> Cli
     } else {
         out.write_all(outcome.text.as_bytes()).map_err(output_error)
     }
-}
-
-/// Closes a store the command opened (its close checkpoints).
-pub fn close(store: Store) -> CliResult {
-    Ok(store.close()?)
 }
 
 /// Runs a request on an open store: in this process for a command, or in `serve`

@@ -133,12 +133,8 @@ impl Volume {
     /// Opens volume `name`: [`Error::VolumeNotFound`] if there is no such version or
     /// it is not a volume.
     pub fn open(store: &Store, name: &str) -> Result<Volume> {
-        let not_found = |e| match e {
-            Error::VersionNotFound(_) => Error::VolumeNotFound(name.to_owned()),
-            e => e,
-        };
-        let kind = store.version_kind(name).map_err(not_found)?;
-        let read = store.read_at(name).map_err(not_found)?;
+        let kind = store.version_kind(name).map_err(|e| gone(name, e))?;
+        let read = store.read_at(name).map_err(|e| gone(name, e))?;
         let header = read
             .get_with(HEADER_KEY, |b| Header::decode(name, b))?
             .ok_or_else(|| Error::VolumeNotFound(name.to_owned()))??;
@@ -411,9 +407,7 @@ impl Volume {
         name: &str,
         durability: Durability,
     ) -> Result<Volume> {
-        Volume::open(store, source)?;
-        store.snapshot_with(source, name, durability)?;
-        Volume::open(store, name)
+        Volume::copy(store, source, name, VersionKind::Snapshot, durability)
     }
 
     /// Makes a writable clone `name` of volume `source` (a volume or a snapshot of
@@ -430,8 +424,22 @@ impl Volume {
         name: &str,
         durability: Durability,
     ) -> Result<Volume> {
+        Volume::copy(store, source, name, VersionKind::Branch, durability)
+    }
+
+    /// A snapshot or clone of volume `source` (checked to be a volume first).
+    fn copy(
+        store: &Store,
+        source: &str,
+        name: &str,
+        kind: VersionKind,
+        durability: Durability,
+    ) -> Result<Volume> {
         Volume::open(store, source)?;
-        store.branch_with(source, name, durability)?;
+        match kind {
+            VersionKind::Snapshot => store.snapshot_with(source, name, durability)?,
+            VersionKind::Branch => store.branch_with(source, name, durability)?,
+        }
         Volume::open(store, name)
     }
 
@@ -486,26 +494,21 @@ impl Volume {
 
     /// A view of this volume's committed state.
     fn view(&self) -> Result<ReadTxn> {
-        let read = self.store.read_at(&self.name).map_err(|e| self.gone(e))?;
+        let read = self
+            .store
+            .read_at(&self.name)
+            .map_err(|e| gone(&self.name, e))?;
         if read.version_id() != self.version_id {
             return Err(Error::VolumeNotFound(self.name.clone()));
         }
         Ok(read)
     }
 
-    /// `VolumeNotFound` for a version that is gone.
-    fn gone(&self, e: Error) -> Error {
-        match e {
-            Error::VersionNotFound(_) => Error::VolumeNotFound(self.name.clone()),
-            e => e,
-        }
-    }
-
     fn begin(&self, durability: Durability) -> Result<WriteTxn<'_>> {
         let mut txn = self
             .store
             .begin_write_on(&self.name)
-            .map_err(|e| self.gone(e))?;
+            .map_err(|e| gone(&self.name, e))?;
         if txn.version_id() != self.version_id {
             return Err(Error::VolumeNotFound(self.name.clone()));
         }
@@ -596,6 +599,14 @@ impl Volume {
                 key.len()
             ),
         )
+    }
+}
+
+/// `VolumeNotFound` for a version that is not there (any more).
+fn gone(name: &str, e: Error) -> Error {
+    match e {
+        Error::VersionNotFound(_) => Error::VolumeNotFound(name.to_owned()),
+        e => e,
     }
 }
 
