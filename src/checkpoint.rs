@@ -36,7 +36,7 @@ use crate::engine::{Durable, PendingDelete, Shared, WriterState};
 use crate::error::Result;
 use crate::format::{crc, len_u32, Addr, BlockRef, Lsn, SegmentId};
 use crate::meta::{self, Chain, MetaDelta, PendingSegment};
-use crate::space::SpaceDelta;
+use crate::space::{AppendFence, SpaceDelta};
 use crate::superblock::{Superblock, SuperblockFile};
 use crate::sync::lock;
 use crate::wal;
@@ -63,7 +63,7 @@ struct Frozen {
     delta: SpaceDelta,
     next_wal_gen: u64,
     /// Segments at or above this id may hold blocks written after the freeze.
-    first_unsafe_segment: SegmentId,
+    append_fence: AppendFence,
     /// Back references the interval ended; the nodes this checkpoint writes add theirs.
     backrefs: WriteStore,
 }
@@ -149,7 +149,7 @@ fn freeze(shared: &Shared, w: &mut WriterState, durable: &mut Durable) -> Result
         // The checkpoint cached it as it wrote it; nothing live names it now.
         shared.cache.remove(r.addr);
     }
-    let first_unsafe_segment = shared.segments.newest();
+    let append_fence = shared.segments.fence();
     let closed_gen = shared.wal.rotate(&shared.segments)?;
     if shared.wal.last_lsn() < w.last_lsn {
         // A large transaction committed without a batch record: mark its LSN.
@@ -166,7 +166,7 @@ fn freeze(shared: &Shared, w: &mut WriterState, durable: &mut Durable) -> Result
         lsn: w.last_lsn,
         delta: std::mem::take(&mut w.delta),
         next_wal_gen: closed_gen + 1,
-        first_unsafe_segment,
+        append_fence,
         backrefs: std::mem::take(&mut w.backrefs),
     };
     w.epoch += 1;
@@ -242,7 +242,7 @@ fn plan_meta(
         shared,
         durable,
         &usage,
-        &frozen.first_unsafe_segment,
+        &frozen.append_fence,
         frozen.lsn,
         generation,
     )?;
@@ -376,7 +376,7 @@ fn pending_after(
     shared: &Shared,
     durable: &Durable,
     usage: &[(SegmentId, u64)],
-    first_unsafe: &SegmentId,
+    fence: &AppendFence,
     lsn: Lsn,
     generation: u64,
 ) -> Result<Vec<PendingDelete>> {
@@ -386,7 +386,11 @@ fn pending_after(
     };
     let mut pending: Vec<PendingDelete> = lock(&shared.pending_deletes).iter().copied().collect();
     for (id, _) in shared.segments.sizes()? {
-        if !live_after(id) && id < *first_unsafe && !pending.iter().any(|p| p.segment == id) {
+        if !live_after(id)
+            && !fence.may_grow(id)
+            && !shared.segments.is_highest(id)
+            && !pending.iter().any(|p| p.segment == id)
+        {
             pending.push(PendingDelete {
                 segment: id,
                 lsn,
@@ -522,14 +526,16 @@ pub(crate) fn deletions_wait_for_next_generation(shared: &Shared) -> bool {
         p.generation >= generation
             && oldest_view.is_none_or(|v| v >= p.lsn)
             && !metas.contains(&p.segment)
-            && shared.segments.active() != Some(p.segment)
+            && !shared.segments.is_active(p.segment)
+            && !shared.segments.is_highest(p.segment)
     })
 }
 
 /// Deletes every pending segment that nothing can reach any more: a later generation
 /// is durable (so neither superblock slot reaches it), it holds no blob of either
 /// slot's metadata chain or back-reference runs, no reader view is older than the
-/// checkpoint that emptied it, and it is not the segment appends go to.
+/// checkpoint that emptied it, it is not a segment appends go to, and it is not the
+/// segment with the highest id (ids are never reused).
 pub(crate) fn delete_unreachable_segments(shared: &Shared) {
     let (generation, metas) = {
         let d = lock(&shared.durable);
@@ -541,7 +547,8 @@ pub(crate) fn delete_unreachable_segments(shared: &Shared) {
         let reachable = oldest_view.is_some_and(|v| v < p.lsn)
             || generation <= p.generation
             || metas.contains(&p.segment)
-            || shared.segments.active() == Some(p.segment);
+            || shared.segments.is_active(p.segment)
+            || shared.segments.is_highest(p.segment);
         if reachable {
             return true;
         }

@@ -163,16 +163,15 @@ fn clean_at_most(
         ..CleanReport::default()
     };
     let before = shared.segments.sizes()?;
+    shared.segments.seal_unless_newest();
     // Segments already empty go first: they need no move, only a durable checkpoint.
     settle_deletions(shared)?;
     let victims = choose_victims(shared, dead_below, spare_active)?;
     let total: u64 = victims.iter().map(|s| s.live).sum();
     let mut moved = 0;
-    if let Some(active) = shared.segments.active() {
-        if victims.iter().any(|s| s.id == active) {
-            // The copies must go elsewhere.
-            shared.segments.seal()?;
-        }
+    for victim in &victims {
+        // The copies must go elsewhere, and new appends too.
+        shared.segments.seal_if_active(victim.id);
     }
     for round in rounds(&victims, ROUND_BYTES) {
         let ranges: Vec<Range<Addr>> = round.iter().map(|p| p.range.clone()).collect();
@@ -205,7 +204,7 @@ pub(crate) fn defrag(shared: &Shared, version: Option<&str>) -> Result<CleanRepo
     settle_deletions(shared)?;
     // Copies go to a fresh segment (so they lie together) and to those after it;
     // they are never moved again, so a node shared by several versions moves once.
-    shared.segments.seal()?;
+    shared.segments.seal();
     let first_new = shared.segments.newest();
     let names: Vec<String> = match version {
         Some(name) => vec![name.to_string()],
@@ -397,12 +396,13 @@ fn choose_victims(
     let newest = segments.iter().map(|s| s.id.0).max().unwrap_or(0);
     let total: u64 = segments.iter().map(|s| s.size).sum();
     let mut dead: u64 = segments.iter().map(SegmentUse::dead).sum();
-    let active = shared.segments.active();
     let mut candidates: Vec<(f64, SegmentUse)> = segments
         .into_iter()
         // Empty ones need no move, only a checkpoint.
         .filter(|s| s.live > 0 && s.dead() > 0)
-        .filter(|s| Some(s.id) != active || spare_active.is_none_or(|r| s.dead() * r >= s.size))
+        .filter(|s| {
+            !shared.segments.is_active(s.id) || spare_active.is_none_or(|r| s.dead() * r >= s.size)
+        })
         .map(|s| {
             #[expect(clippy::cast_precision_loss, reason = "a ranking score")]
             let u = s.live as f64 / s.size.max(1) as f64;

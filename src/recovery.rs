@@ -282,6 +282,8 @@ fn load(
         .filter(|p| existing.contains(&p.segment))
         .map(|p| PendingDelete::loaded(*p))
         .collect();
+    // A segment waiting to be deleted must not take appends again.
+    segments.do_not_resume(pending.iter().map(|p| p.segment));
     let durable = Durable {
         sb,
         fallback,

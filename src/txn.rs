@@ -26,6 +26,7 @@ use crate::checkpoint;
 use crate::commit::{self, log_and_publish};
 use crate::engine::{apply_op, Changes, Shared, View, WriterState};
 use crate::error::{Error, Result};
+use crate::format::BlockRef;
 use crate::limits::{check_key, check_value, prefix_successor, INLINE_VALUE_MAX};
 use crate::options::Durability;
 use crate::wal::{BatchWriter, Op};
@@ -146,7 +147,8 @@ impl<'s> WriteTxn<'s> {
     /// Inserts or replaces several keys, in order (a later pair wins over an earlier
     /// one with the same key). The values over 1 KiB go to the segment in one write:
     /// for many large values at once (a volume's blocks) this saves a system call
-    /// per value.
+    /// per value, and a large write goes to disk from another thread while this one
+    /// updates the tree.
     pub fn put_many(&mut self, pairs: &[(&[u8], &[u8])]) -> Result<()> {
         for &(key, value) in pairs {
             check_key(key)?;
@@ -158,12 +160,36 @@ impl<'s> WriteTxn<'s> {
             .map(|&(_, v)| v)
             .filter(|v| v.len() > INLINE_VALUE_MAX)
             .collect();
-        let mut scratch = Vec::new();
-        let extents = self
-            .shared
-            .segments
-            .append_values(&large, &mut scratch)
+        let segments = &self.shared.segments;
+        let mut staged = segments
+            .stage_values(&large)
             .inspect_err(|e| self.fail(e))?;
+        let extents = std::mem::take(&mut staged.refs);
+        let (written, applied) = if staged.is_direct() {
+            std::thread::scope(|scope| {
+                let io = scope.spawn(|| segments.write_staged(staged));
+                let applied = self.apply_puts(pairs, extents);
+                let written = io
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                (written, applied)
+            })
+        } else {
+            let written = segments.write_staged(staged);
+            if written.is_err() {
+                (written, Ok(()))
+            } else {
+                (written, self.apply_puts(pairs, extents))
+            }
+        };
+        // The tree may name extents whose write failed: the transaction must not
+        // commit.
+        written.inspect_err(|e| self.fail(e))?;
+        applied
+    }
+
+    /// `put_many`'s edits, with the large values already placed at `extents`.
+    fn apply_puts(&mut self, pairs: &[(&[u8], &[u8])], extents: Vec<BlockRef>) -> Result<()> {
         let mut extents = extents.into_iter();
         for &(key, value) in pairs {
             let op = if value.len() > INLINE_VALUE_MAX {

@@ -79,14 +79,16 @@ fn meta_bytes_per_checkpoint_are_flat() {
     );
 }
 
-const SEGMENT_ONE: &str = "seg-00000001.dat";
-/// Three values of 24 MiB fill the first segment past its 64 MiB target.
+/// The first data segment: a new store's first checkpoint creates general segment 1,
+/// the first value extent data segment 2.
+const SEGMENT_ONE: &str = "seg-00000002.dat";
+/// Three values of 24 MiB fill the first data segment past its 64 MiB target.
 const BIG: usize = 24 << 20;
 const KEYS: [&[u8]; 3] = [b"a", b"b", b"c"];
 
-/// Fills segment 1 with values, snapshots them, overwrites every one (the new values
-/// go to later segments) and checkpoints: segment 1 is then kept alive only by the
-/// snapshot.
+/// Fills the first data segment (`SEGMENT_ONE`) with values, snapshots them,
+/// overwrites every one (the new values go to later segments) and checkpoints: that
+/// segment is then kept alive only by the snapshot.
 fn fill_snapshot_overwrite(store: &Store) {
     for k in KEYS {
         store.put(k, &value(1, BIG)).unwrap();

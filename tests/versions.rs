@@ -348,13 +348,15 @@ impl Run {
             ctx(result, what)?;
             if what == "shrink" {
                 let stats = ctx(self.store().stats(), "stats")?;
-                // Every segment with dead bytes was emptied: what is left is the
-                // segment that took the copies (more if they overflowed it).
-                let most = 1 + stats.live_bytes / (64 << 20) + 1;
-                if stats.segments > most {
+                // Every segment with dead bytes was emptied: what is dead now is
+                // only what the shrink's own last checkpoints superseded (metadata
+                // blobs, back-reference runs), a few KiB. (Segments with no dead
+                // bytes stay as they are: with data kept apart from nodes, a data
+                // segment of values never overwritten is one.)
+                if stats.dead_bytes > 256 << 10 {
                     return Err(format!(
-                        "{when}: {} segments left for {} live bytes",
-                        stats.segments, stats.live_bytes
+                        "{when}: {} dead bytes left in {} segments for {} live bytes",
+                        stats.dead_bytes, stats.segments, stats.live_bytes
                     ));
                 }
             }

@@ -12,6 +12,7 @@
 //! - a write that was not synced may be lost entirely or partially (torn at any
 //!   512-byte boundary); writes that were synced are never lost or torn.
 
+mod aligned;
 mod lock_file;
 mod reserve;
 pub mod sim;
@@ -20,6 +21,7 @@ mod std_vfs;
 pub use reserve::{reserve_for, RESERVE_BYTES, RESERVE_FILE, RESERVE_MIN_BYTES};
 pub(crate) use reserve::{Reserve, ReserveVfs};
 
+pub(crate) use aligned::{AlignedBuf, DIRECT_ALIGN};
 pub use lock_file::LOCK_FILE;
 pub use std_vfs::StdVfs;
 
@@ -38,6 +40,16 @@ pub trait VFile: Send + Sync {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Writes all of `buf` at `offset`, growing the file if needed.
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Writes all of `buf` at `offset` like [`VFile::write_all_at`], but past the page
+    /// cache where the backend can (`O_DIRECT`): for large appends of data that is not
+    /// about to be read again, which then cost neither a copy nor fresh cache pages.
+    /// The caller passes a buffer whose address, length and `offset` are multiples of
+    /// [`DIRECT_ALIGN`] ([`AlignedBuf`] gives such buffers). Same durability as a
+    /// buffered write: durable only after `sync`. The default writes through the
+    /// page cache.
+    fn write_direct_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.write_all_at(buf, offset)
+    }
     /// Makes every write issued so far durable (fdatasync).
     fn sync(&self) -> io::Result<()>;
     /// The current length of the file, as seen by this process.

@@ -162,6 +162,10 @@ impl VFile for ReserveFile {
         retry_full(&self.reserve, || self.inner.write_all_at(buf, offset))
     }
 
+    fn write_direct_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        retry_full(&self.reserve, || self.inner.write_direct_at(buf, offset))
+    }
+
     fn sync(&self) -> io::Result<()> {
         retry_full(&self.reserve, || self.inner.sync())
     }

@@ -16,7 +16,7 @@
 
 mod segments;
 
-pub(crate) use segments::{Segments, SEGMENT_HEADER_SIZE, SEGMENT_TARGET_BYTES};
+pub(crate) use segments::{AppendFence, Segments, SEGMENT_HEADER_SIZE, SEGMENT_TARGET_BYTES};
 
 use crate::format::{BlockRef, SegmentId};
 use std::collections::BTreeMap;

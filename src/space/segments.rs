@@ -1,10 +1,21 @@
 //! Segment files: append, read by reference, sync, delete.
 //!
 //! A segment file starts with a 32-byte header (magic, format version, segment id,
-//! checksum); blocks follow, packed, at any byte offset. The active segment takes
-//! appends until it passes `SEGMENT_TARGET_BYTES`, then a new one is created (and the
-//! directory synced, so the new file survives a crash before anything in it is
-//! relied on).
+//! kind, checksum); blocks follow, packed, at any byte offset. Two streams of appends
+//! each have an active segment, which takes appends until it passes
+//! `SEGMENT_TARGET_BYTES`; then a new one is created (and the directory synced, so
+//! the new file survives a crash before anything in it is relied on):
+//! - **general** segments take what the engine writes for itself: tree nodes
+//!   (checkpoints, spills), metadata blobs, back-reference runs, the cleaner's copies;
+//! - **data** segments take value extents as transactions write them (a volume's
+//!   blocks). Data is written once and read by reference; kept apart from the nodes,
+//!   it is written sequentially, dies together (an overwritten volume empties whole
+//!   data segments) and large appends go past the page cache
+//!   ([`crate::io::VFile::write_direct_at`]): a long sequential write then costs the
+//!   disk's bandwidth, not a copy into fresh cache pages.
+//!
+//! Which segments may still grow is the [`AppendFence`]: a checkpoint deletes an
+//! emptied segment only if no append can land in it after its freeze.
 //!
 //! Opening tells three kinds of file named like a segment apart by their header:
 //! - a valid header: a segment of this store;
@@ -21,10 +32,10 @@
 use crate::error::{Error, Result};
 use crate::format::FORMAT_VERSION;
 use crate::format::{crc, Addr, BlockRef, Decoder, SegmentId};
-use crate::io::{VFile, Vfs};
+use crate::io::{AlignedBuf, VFile, Vfs, DIRECT_ALIGN};
 use crate::sync::lock;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 const SEGMENT_MAGIC: &[u8; 8] = b"CAMBSEG\0";
 
@@ -33,7 +44,8 @@ const SEGMENT_MAGIC: &[u8; 8] = b"CAMBSEG\0";
 pub(crate) const OFF_MAGIC: usize = 0;
 pub(crate) const OFF_FORMAT_VERSION: usize = 8;
 pub(crate) const OFF_SEGMENT_ID: usize = 12;
-pub(crate) const OFF_RESERVED: usize = 16;
+pub(crate) const OFF_KIND: usize = 16;
+pub(crate) const OFF_RESERVED: usize = 17;
 /// The checksum covers every header byte before it.
 pub(crate) const OFF_CRC: usize = 28;
 /// Blocks start here.
@@ -44,8 +56,9 @@ const HEADER_LEN: usize = SEGMENT_HEADER_SIZE as usize;
 const _: () = assert!(OFF_MAGIC == 0);
 const _: () = assert!(OFF_MAGIC + SEGMENT_MAGIC.len() == OFF_FORMAT_VERSION);
 const _: () = assert!(OFF_FORMAT_VERSION + size_of::<u32>() == OFF_SEGMENT_ID);
-const _: () = assert!(OFF_SEGMENT_ID + size_of::<u32>() == OFF_RESERVED);
-const _: () = assert!(OFF_RESERVED + 12 == OFF_CRC);
+const _: () = assert!(OFF_SEGMENT_ID + size_of::<u32>() == OFF_KIND);
+const _: () = assert!(OFF_KIND + size_of::<u8>() == OFF_RESERVED);
+const _: () = assert!(OFF_RESERVED + 11 == OFF_CRC);
 const _: () = assert!(OFF_CRC + size_of::<u32>() == HEADER_LEN);
 
 /// docs/FORMAT.md's segment header table, checked against the constants above.
@@ -58,6 +71,7 @@ fn header_layout_matches_format_md() {
             ("magic", OFF_MAGIC),
             ("format_version", OFF_FORMAT_VERSION),
             ("segment_id", OFF_SEGMENT_ID),
+            ("kind", OFF_KIND),
             ("reserved", OFF_RESERVED),
             ("crc", OFF_CRC),
         ],
@@ -68,19 +82,110 @@ fn header_layout_matches_format_md() {
 /// one long sequential write, small enough that an emptied segment returns its space.
 pub(crate) const SEGMENT_TARGET_BYTES: u64 = 64 << 20;
 
+/// An append of value extents at least this large goes past the page cache (when the
+/// data segment's end is aligned for it, or can be made so). Smaller ones (a 4 KiB
+/// block, a batch of a few) are buffered: a direct write waits for the device, a
+/// buffered one only for a copy. Large ones are sequential streams (an image
+/// import, a 1 MiB write) whose copy into fresh cache pages would cost more than the
+/// write itself.
+const DIRECT_MIN_BYTES: usize = 256 << 10;
+
+/// The two kinds of segment, told apart by their header's kind byte.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Nodes, metadata, back-reference runs and the cleaner's copies (every segment
+    /// of a store written before data segments existed: the kind byte was zero).
+    General = 0,
+    /// Value extents written by transactions.
+    Data = 1,
+}
+
+impl Kind {
+    fn from_byte(b: u8) -> Option<Kind> {
+        match b {
+            0 => Some(Kind::General),
+            1 => Some(Kind::Data),
+            _ => None,
+        }
+    }
+}
+
+/// One stream of appends: its active segment and where the next block goes.
 struct Appender {
+    kind: Kind,
     active: Option<(SegmentId, Arc<dyn VFile>)>,
     end: u64,
-    next_id: u32,
+    /// After open, before the first append: the segment of this kind the first append
+    /// continues (the newest one, if whole and with room).
+    resume: Option<SegmentId>,
+    /// Where several blocks are laid out back to back for one write; aligned for a
+    /// direct write, and kept between appends so that a stream of large writes
+    /// allocates (and faults in) its buffer once.
+    scratch: AlignedBuf,
+}
+
+/// Value extents placed in a data segment, their write not issued yet
+/// ([`Segments::stage_values`]).
+pub(crate) struct StagedValues<'v> {
+    /// Where each extent is, in the order given.
+    pub(crate) refs: Vec<BlockRef>,
+    segment: SegmentId,
+    file: Arc<dyn VFile>,
+    at: u64,
+    direct: bool,
+    payload: Payload<'v>,
+}
+
+impl StagedValues<'_> {
+    /// Whether the write goes past the page cache: a large one, worth overlapping
+    /// with other work.
+    pub(crate) fn is_direct(&self) -> bool {
+        self.direct
+    }
+}
+
+/// The bytes of a staged write.
+enum Payload<'v> {
+    Nothing,
+    /// One value, written from where it is.
+    One(&'v [u8]),
+    /// Several, laid out back to back (and aligned, for a direct write).
+    Laid(AlignedBuf),
+}
+
+/// What is waiting for an fsync.
+#[derive(Default)]
+struct Unsynced {
     /// Segments written since their last sync.
-    unsynced: BTreeSet<SegmentId>,
+    all: BTreeSet<SegmentId>,
     /// Segments holding value extents written since the WAL last synced them: a WAL
     /// record naming an extent must not become durable before the extent does. Kept
-    /// apart from `unsynced` so that a commit fsyncs only what its records depend on,
-    /// not the nodes a background checkpoint is writing meanwhile. Only the WAL's
+    /// apart from `all` so that a commit fsyncs only what its records depend on, not
+    /// the nodes a background checkpoint is writing meanwhile. Only the WAL's
     /// (serialised) group-commit sync clears it.
-    values_unsynced: BTreeSet<SegmentId>,
+    values: BTreeSet<SegmentId>,
 }
+
+/// The segments appends may still reach, taken at a checkpoint's freeze: the two
+/// active ones (or the ones each stream will continue) and every id not yet created.
+/// Every other segment is closed for good, so one found empty can be deleted.
+#[derive(Clone, Debug)]
+pub(crate) struct AppendFence {
+    growing: [Option<SegmentId>; 2],
+    next: SegmentId,
+}
+
+impl AppendFence {
+    /// Whether an append made after the fence was taken may land in segment `id`.
+    pub(crate) fn may_grow(&self, id: SegmentId) -> bool {
+        id >= self.next || self.growing.contains(&Some(id))
+    }
+}
+
+// Ids are never reused: a new segment's id is past every file found at open, and the
+// file with the highest id is never deleted ([`Segments::is_highest`]), so every id
+// ever deleted is below it. (A reused id would meet stale records naming the old
+// segment: a pending deletion, back references.)
 
 pub(crate) struct Segments {
     vfs: Arc<dyn Vfs>,
@@ -91,13 +196,19 @@ pub(crate) struct Segments {
     /// Files named like segments that are not (see the module docs), with what is
     /// wrong with each. Not in `files`.
     strays: BTreeMap<SegmentId, String>,
-    appender: Mutex<Appender>,
+    /// The general stream. Lock order: an appender, then `next_id`, then `unsynced`.
+    general: Mutex<Appender>,
+    /// The data stream.
+    data: Mutex<Appender>,
+    /// The id the next new segment takes (past every name found, strays included).
+    next_id: Mutex<u32>,
+    unsynced: Mutex<Unsynced>,
     read_only: bool,
 }
 
 /// What a segment file's header says about the file (see the module docs).
 enum Header {
-    Valid,
+    Valid(Kind),
     Unwritten,
     Stray(String),
 }
@@ -117,6 +228,7 @@ impl Segments {
         let mut files = BTreeMap::new();
         let mut unwritten = BTreeSet::new();
         let mut strays = BTreeMap::new();
+        let mut newest_of = [None, None];
         for &id in &ids {
             let name = id.file_name();
             let file = match vfs.open(&name) {
@@ -136,7 +248,7 @@ impl Segments {
                 Err(e) => return Err(e.into()),
             };
             match Self::check_header(&*file, id)? {
-                Header::Valid => {}
+                Header::Valid(kind) => newest_of[kind as usize] = Some(id),
                 Header::Unwritten => {
                     unwritten.insert(id);
                 }
@@ -149,26 +261,30 @@ impl Segments {
         }
         // Past every name, strays included: a new segment never takes a stray's id.
         let next_id = ids.last().map_or(1, |id| id.0 + 1);
-        let appender = Appender {
-            active: None,
-            end: 0,
-            next_id,
-            unsynced: BTreeSet::new(),
-            values_unsynced: BTreeSet::new(),
+        let appender = |kind: Kind| {
+            Mutex::new(Appender {
+                kind,
+                active: None,
+                end: 0,
+                resume: newest_of[kind as usize],
+                scratch: AlignedBuf::default(),
+            })
         };
         Ok(Segments {
             vfs,
             files: RwLock::new(files),
             unwritten,
             strays,
-            appender: Mutex::new(appender),
+            general: appender(Kind::General),
+            data: appender(Kind::Data),
+            next_id: Mutex::new(next_id),
+            unsynced: Mutex::new(Unsynced::default()),
             read_only,
         })
     }
 
     /// Reads and classifies the header of segment `id`'s file.
     fn check_header(file: &dyn VFile, id: SegmentId) -> Result<Header> {
-        let expected = Self::header(id);
         let len = file.len()?;
         let present = usize::try_from(len).map_or(HEADER_LEN, |l| l.min(HEADER_LEN));
         let mut buf = [0u8; HEADER_LEN];
@@ -178,11 +294,16 @@ impl Segments {
         )]
         let read = &mut buf[..present];
         file.read_exact_at(read, 0)?;
-        let torn = read
-            .iter()
-            .zip(&expected)
-            .all(|(byte, want)| *byte == 0 || byte == want);
-        if len <= SEGMENT_HEADER_SIZE && torn && read != expected {
+        // Torn while being created: part of the header either kind would have.
+        let torn = [Kind::General, Kind::Data].iter().any(|&kind| {
+            let expected = Self::header(id, kind);
+            let matches = read
+                .iter()
+                .zip(&expected)
+                .all(|(byte, want)| *byte == 0 || byte == want);
+            matches && read != expected
+        });
+        if len <= SEGMENT_HEADER_SIZE && torn {
             return Ok(Header::Unwritten);
         }
         if present < HEADER_LEN {
@@ -196,6 +317,7 @@ impl Segments {
         }
         let version = d.u32()?;
         let stored_id = d.u32()?;
+        let kind_byte = d.u8()?;
         d.bytes(OFF_CRC - OFF_RESERVED)?;
         let stored_crc = d.u32()?;
         debug_assert_eq!(d.remaining(), 0);
@@ -217,26 +339,37 @@ impl Segments {
                 SegmentId(stored_id).file_name()
             )));
         }
-        Ok(Header::Valid)
+        match Kind::from_byte(kind_byte) {
+            Some(kind) => Ok(Header::Valid(kind)),
+            None => Ok(Header::Stray(format!(
+                "its header has an unknown segment kind {kind_byte}"
+            ))),
+        }
     }
 
-    fn header(id: SegmentId) -> [u8; HEADER_LEN] {
+    fn header(id: SegmentId, kind: Kind) -> [u8; HEADER_LEN] {
         let mut h = [0u8; HEADER_LEN];
         h[OFF_MAGIC..OFF_FORMAT_VERSION].copy_from_slice(SEGMENT_MAGIC);
         h[OFF_FORMAT_VERSION..OFF_SEGMENT_ID].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-        h[OFF_SEGMENT_ID..OFF_RESERVED].copy_from_slice(&id.0.to_le_bytes());
+        h[OFF_SEGMENT_ID..OFF_KIND].copy_from_slice(&id.0.to_le_bytes());
+        h[OFF_KIND] = kind as u8;
         // The reserved bytes stay zero.
         let c = crc(&h[..OFF_CRC]);
         h[OFF_CRC..].copy_from_slice(&c.to_le_bytes());
         h
     }
 
-    /// Starts a new segment file. Its creation is made durable at once.
+    /// Starts a new segment file for `app`'s stream. Its creation is made durable at
+    /// once.
     fn roll(&self, app: &mut Appender) -> Result<()> {
-        let id = SegmentId(app.next_id);
-        app.next_id += 1;
+        let id = {
+            let mut next = lock(&self.next_id);
+            let id = SegmentId(*next);
+            *next += 1;
+            id
+        };
         let file = self.vfs.create(&id.file_name())?;
-        file.write_all_at(&Self::header(id), 0)?;
+        file.write_all_at(&Self::header(id, app.kind), 0)?;
         file.sync()?;
         self.vfs.sync_dir()?;
         self.files
@@ -244,42 +377,57 @@ impl Segments {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(id, file.clone());
         app.active = Some((id, file));
+        app.resume = None;
         app.end = SEGMENT_HEADER_SIZE;
         Ok(())
     }
 
+    /// Makes sure `app` has an active segment with room for `len` more bytes.
     fn ensure_active(&self, app: &mut Appender, len: u64) -> Result<()> {
-        let full = app.end > SEGMENT_HEADER_SIZE && app.end + len > SEGMENT_TARGET_BYTES;
         if app.active.is_none() {
-            // After open, continue the newest segment if it has room, it has its
-            // header, and no stray has a higher id (appends always go to the
-            // highest-numbered segment).
-            let newest = self
-                .files
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .iter()
-                .next_back()
-                .map(|(id, f)| (*id, f.clone()));
-            if let Some((id, file)) = newest {
-                let end = file.len()?.max(SEGMENT_HEADER_SIZE);
-                let continuable = !self.unwritten.contains(&id) && id.0 + 1 == app.next_id;
-                if end + len <= SEGMENT_TARGET_BYTES && continuable {
-                    app.active = Some((id, file));
-                    app.end = end;
-                    return Ok(());
+            // After open: continue the newest segment of this stream's kind if it has
+            // its whole header and room (never over anything already there: a crash
+            // may have left blocks a WAL record refers to).
+            if let Some(id) = app.resume.take() {
+                if let Some(file) = self.file(id).filter(|_| !self.unwritten.contains(&id)) {
+                    let end = file.len()?.max(SEGMENT_HEADER_SIZE);
+                    if end + len <= SEGMENT_TARGET_BYTES {
+                        app.active = Some((id, file));
+                        app.end = end;
+                        return Ok(());
+                    }
                 }
             }
             return self.roll(app);
         }
-        if full {
+        if app.end > SEGMENT_HEADER_SIZE && app.end + len > SEGMENT_TARGET_BYTES {
             return self.roll(app);
         }
         Ok(())
     }
 
-    /// Appends `data` as one block and returns its reference. Not durable until
-    /// [`Segments::sync`].
+    /// Keeps the streams from continuing any of `ids` after the open (segments the
+    /// store's metadata says are waiting to be deleted: emptied, and closed to
+    /// appends, when a checkpoint found them so). Called before the first append.
+    pub(crate) fn do_not_resume(&self, ids: impl Iterator<Item = SegmentId>) {
+        let ids: BTreeSet<SegmentId> = ids.collect();
+        for kind in [Kind::General, Kind::Data] {
+            let mut app = self.appender(kind);
+            if app.resume.is_some_and(|id| ids.contains(&id)) {
+                app.resume = None;
+            }
+        }
+    }
+
+    fn appender(&self, kind: Kind) -> MutexGuard<'_, Appender> {
+        lock(match kind {
+            Kind::General => &self.general,
+            Kind::Data => &self.data,
+        })
+    }
+
+    /// Appends `data` as one block to a general segment and returns its reference.
+    /// Not durable until [`Segments::sync`].
     pub(crate) fn append(&self, data: &[u8]) -> Result<BlockRef> {
         let (addr, _) = self.append_many(data)?;
         Ok(BlockRef {
@@ -289,67 +437,139 @@ impl Segments {
         })
     }
 
-    /// Appends a value extent that a WAL record will name: like [`Segments::append`],
-    /// and [`Segments::sync_values`] makes it durable.
+    /// Appends a value extent that a WAL record will name to a data segment, like
+    /// [`Segments::append_values`] with one value.
     pub(crate) fn append_value(&self, data: &[u8]) -> Result<BlockRef> {
-        let r = self.append(data)?;
-        // After the write: a sync that takes the set before this insert did not cover
-        // this extent, and the next one will.
-        lock(&self.appender)
-            .values_unsynced
-            .insert(r.addr.segment());
-        Ok(r)
+        let mut refs = self.append_values(&[data])?;
+        Ok(refs.pop().expect("one reference per value"))
     }
 
-    /// Appends several value extents in one write (what [`Segments::append_value`]
-    /// does for each, at the cost of one system call); returns their references in
-    /// order. `scratch` is reused to lay them out back to back.
-    pub(crate) fn append_values(
-        &self,
-        values: &[&[u8]],
-        scratch: &mut Vec<u8>,
-    ) -> Result<Vec<BlockRef>> {
-        match values {
-            [] => return Ok(Vec::new()),
-            // One value needs no laying out (the common 4 KiB write).
-            [one] => return Ok(vec![self.append_value(one)?]),
-            _ => {}
-        }
-        scratch.clear();
-        for v in values {
-            scratch.extend_from_slice(v);
-        }
-        let (first, segment) = self.append_many(scratch)?;
-        lock(&self.appender).values_unsynced.insert(segment);
-        let mut at = 0u64;
+    /// Appends value extents that WAL records will name to a data segment, back to
+    /// back in one write, and returns their references in order: what
+    /// [`Segments::stage_values`] and [`Segments::write_staged`] do together.
+    pub(crate) fn append_values(&self, values: &[&[u8]]) -> Result<Vec<BlockRef>> {
+        let mut staged = self.stage_values(values)?;
+        let refs = std::mem::take(&mut staged.refs);
+        self.write_staged(staged)?;
+        Ok(refs)
+    }
+
+    /// Places value extents in a data segment, back to back, and lays them out for
+    /// one write, which [`Segments::write_staged`] issues (from another thread if the
+    /// caller has other work meanwhile: a large transaction updates its tree while
+    /// the extents go to disk). The references are valid once that write returns;
+    /// the extents are durable after [`Segments::sync_values`] (or
+    /// [`Segments::sync`]) that follows it. `DIRECT_MIN_BYTES` or more in all, they
+    /// are written past the page cache, from a 4 KiB-aligned offset (the bytes
+    /// skipped to reach it, and the tail padding that makes the write's length
+    /// aligned, are dead space in the segment).
+    pub(crate) fn stage_values<'v>(&self, values: &[&'v [u8]]) -> Result<StagedValues<'v>> {
+        assert!(!self.read_only, "append on a read-only store");
+        let total: usize = values.iter().map(|v| v.len()).sum();
+        let direct = total >= DIRECT_MIN_BYTES;
+        let mut app = self.appender(Kind::Data);
+        let app = &mut *app;
+        let padded = if direct {
+            total.next_multiple_of(DIRECT_ALIGN)
+        } else {
+            total
+        };
+        // Room for the worst-case alignment gap too, so the roll check sees it.
+        let gap_room = if direct { DIRECT_ALIGN } else { 0 };
+        self.ensure_active(app, (padded + gap_room) as u64)?;
+        let (id, file) = app.active.clone().expect("ensured");
+        let at = if direct {
+            app.end.next_multiple_of(DIRECT_ALIGN as u64)
+        } else {
+            app.end
+        };
+        app.end = at + padded as u64;
+        let payload = match values {
+            [] => Payload::Nothing,
+            [one] if !direct => Payload::One(one),
+            _ => {
+                // The stream's buffer, lent to this write (a stream of large writes
+                // reuses one allocation); a write staged while another is out gets a
+                // new one.
+                let mut buf = std::mem::take(&mut app.scratch);
+                buf.clear();
+                buf.reserve(padded);
+                for v in values {
+                    buf.extend_from_slice(v);
+                }
+                if direct {
+                    buf.pad_to_alignment();
+                }
+                Payload::Laid(buf)
+            }
+        };
+        let mut offset = at;
         let refs = values
             .iter()
             .map(|v| {
                 let r = BlockRef {
-                    addr: Addr::new(segment, first.offset() + at),
+                    addr: Addr::new(id, offset),
                     len: crate::format::len_u32(v.len()),
                     crc: crc(v),
                 };
-                at += v.len() as u64;
+                offset += v.len() as u64;
                 r
             })
             .collect();
-        Ok(refs)
+        Ok(StagedValues {
+            refs,
+            segment: id,
+            file,
+            at,
+            direct,
+            payload,
+        })
     }
 
-    /// Appends a buffer holding several blocks; returns the address of its first byte
-    /// (blocks inside are at that address plus their offset in the buffer) and the
-    /// segment it went to.
+    /// Issues the write [`Segments::stage_values`] laid out. On an error the extents
+    /// are dead space: the transaction that staged them must not commit them.
+    pub(crate) fn write_staged(&self, staged: StagedValues<'_>) -> Result<()> {
+        let StagedValues {
+            segment,
+            file,
+            at,
+            direct,
+            payload,
+            ..
+        } = staged;
+        match payload {
+            Payload::Nothing => return Ok(()),
+            Payload::One(bytes) => file.write_all_at(bytes, at)?,
+            Payload::Laid(buf) => {
+                if direct {
+                    file.write_direct_at(buf.as_slice(), at)?;
+                } else {
+                    file.write_all_at(buf.as_slice(), at)?;
+                }
+                self.appender(Kind::Data).scratch = buf;
+            }
+        }
+        // After the write: a sync that takes the set before this insert did not
+        // cover these extents, and the next one will.
+        let mut unsynced = lock(&self.unsynced);
+        unsynced.all.insert(segment);
+        unsynced.values.insert(segment);
+        Ok(())
+    }
+
+    /// Appends a buffer holding several blocks to a general segment; returns the
+    /// address of its first byte (blocks inside are at that address plus their
+    /// offset in the buffer) and the segment it went to.
     pub(crate) fn append_many(&self, data: &[u8]) -> Result<(Addr, SegmentId)> {
         assert!(!self.read_only, "append on a read-only store");
-        let mut app = lock(&self.appender);
+        let mut app = self.appender(Kind::General);
         let len = data.len() as u64;
         self.ensure_active(&mut app, len)?;
         let (id, file) = app.active.clone().expect("ensured");
         let at = app.end;
         file.write_all_at(data, at)?;
         app.end += len;
-        app.unsynced.insert(id);
+        lock(&self.unsynced).all.insert(id);
         Ok((Addr::new(id, at), id))
     }
 
@@ -412,22 +632,22 @@ impl Segments {
     /// Makes every value extent appended so far durable (the WAL calls this before it
     /// syncs records that may name them). Callers are serialised by the WAL.
     pub(crate) fn sync_values(&self) -> Result<()> {
-        self.sync_set(|app| &mut app.values_unsynced)
+        self.sync_set(|u| &mut u.values)
     }
 
     /// Makes every append so far durable.
     pub(crate) fn sync(&self) -> Result<()> {
-        self.sync_set(|app| &mut app.unsynced)
+        self.sync_set(|u| &mut u.all)
     }
 
-    /// Fsyncs the segments in one of the appender's pending sets, emptying it; on an
-    /// error the set is restored, so the next attempt syncs them again.
-    fn sync_set(&self, set: fn(&mut Appender) -> &mut BTreeSet<SegmentId>) -> Result<()> {
-        let pending = std::mem::take(set(&mut lock(&self.appender)));
+    /// Fsyncs the segments in one of the pending sets, emptying it; on an error the
+    /// set is restored, so the next attempt syncs them again.
+    fn sync_set(&self, set: fn(&mut Unsynced) -> &mut BTreeSet<SegmentId>) -> Result<()> {
+        let pending = std::mem::take(set(&mut lock(&self.unsynced)));
         for id in &pending {
             if let Some(f) = self.file(*id) {
                 if let Err(e) = f.sync() {
-                    set(&mut lock(&self.appender)).extend(pending.iter().copied());
+                    set(&mut lock(&self.unsynced)).extend(pending.iter().copied());
                     return Err(e.into());
                 }
             }
@@ -451,35 +671,96 @@ impl Segments {
         Ok(())
     }
 
-    /// Ends the active segment: later appends go to a new one. The cleaner does this
-    /// before it moves the live blocks out of the segment that was taking appends.
-    pub(crate) fn seal(&self) -> Result<()> {
+    /// Ends the active general segment: later appends of nodes go to a new one (the
+    /// defragmenter lays its copies out from a fresh segment). The new one is
+    /// created by the next append, so a seal leaves no empty file behind.
+    pub(crate) fn seal(&self) {
         assert!(!self.read_only, "seal on a read-only store");
-        let mut app = lock(&self.appender);
-        self.roll(&mut app)
+        Self::close_stream(&mut self.appender(Kind::General));
     }
 
-    /// The segment taking appends now, if any.
-    pub(crate) fn active(&self) -> Option<SegmentId> {
-        lock(&self.appender).active.as_ref().map(|(id, _)| *id)
-    }
-
-    /// The segment appends go to now or will go to next: the active one, else the
-    /// newest file (appends continue it), else the next id to be created.
-    pub(crate) fn newest(&self) -> SegmentId {
-        let app = lock(&self.appender);
-        if let Some((id, _)) = &app.active {
-            return *id;
+    /// Ends whichever stream's active segment `id` is, if either: the cleaner does
+    /// this before it moves the live blocks out of a segment that was taking appends.
+    pub(crate) fn seal_if_active(&self, id: SegmentId) {
+        assert!(!self.read_only, "seal on a read-only store");
+        for kind in [Kind::General, Kind::Data] {
+            let mut app = self.appender(kind);
+            if app.active.as_ref().is_some_and(|(a, _)| *a == id) {
+                Self::close_stream(&mut app);
+            }
         }
+    }
+
+    /// Seals the general stream unless its segment is the newest file: then what is
+    /// written next (the cleaner's copies, the metadata of its checkpoints) lands past
+    /// every segment the cleaner may empty, none of which is then the newest file
+    /// kept to stop ids from being reused ([`Segments::is_highest`]).
+    pub(crate) fn seal_unless_newest(&self) {
+        let mut app = self.appender(Kind::General);
+        let newest = app
+            .active
+            .as_ref()
+            .is_some_and(|(id, _)| self.is_highest(*id));
+        if !newest {
+            Self::close_stream(&mut app);
+        }
+    }
+
+    /// Makes `app`'s next append start a new segment.
+    fn close_stream(app: &mut Appender) {
+        app.active = None;
+        app.resume = None;
+    }
+
+    /// Whether `id` is the segment file with the highest id, the one that keeps ids
+    /// from being reused: never deleted, even when empty, until a newer one exists.
+    pub(crate) fn is_highest(&self, id: SegmentId) -> bool {
         let files = self
             .files
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        files
-            .keys()
-            .next_back()
-            .copied()
-            .unwrap_or(SegmentId(app.next_id))
+        files.keys().next_back() == Some(&id)
+    }
+
+    /// Whether `id` is a segment taking appends now (of either stream).
+    pub(crate) fn is_active(&self, id: SegmentId) -> bool {
+        [Kind::General, Kind::Data].iter().any(|&kind| {
+            self.appender(kind)
+                .active
+                .as_ref()
+                .is_some_and(|(a, _)| *a == id)
+        })
+    }
+
+    /// The segments appends may still reach from now on (see [`AppendFence`]).
+    ///
+    /// A data stream that has not appended since the open gives up continuing its
+    /// newest segment (its next append starts a new one): a process that writes no
+    /// data (a `clean`, a `shrink`) must not keep a data segment it emptied from
+    /// being deleted. The general stream keeps it: the checkpoint taking the fence
+    /// appends to it at once.
+    pub(crate) fn fence(&self) -> AppendFence {
+        let growing = [Kind::General, Kind::Data].map(|kind| {
+            let mut app = self.appender(kind);
+            if kind == Kind::Data {
+                app.resume = None;
+            }
+            app.active.as_ref().map(|(id, _)| *id).or(app.resume)
+        });
+        AppendFence {
+            growing,
+            next: SegmentId(*lock(&self.next_id)),
+        }
+    }
+
+    /// The segment general appends go to now or will go to next: the active one, else
+    /// the one they will continue, else the next id to be created.
+    pub(crate) fn newest(&self) -> SegmentId {
+        let app = self.appender(Kind::General);
+        if let Some((id, _)) = &app.active {
+            return *id;
+        }
+        app.resume.unwrap_or(SegmentId(*lock(&self.next_id)))
     }
 
     /// The files named like segments that are not segments of this store, with what
@@ -505,15 +786,19 @@ impl Segments {
 
     /// Deletes an empty segment. The caller guarantees nothing reachable lives in it.
     pub(crate) fn delete(&self, id: SegmentId) -> Result<()> {
-        assert_ne!(self.active(), Some(id), "deleting the active segment");
+        assert!(!self.is_active(id), "deleting an active segment");
+        assert!(
+            !self.is_highest(id),
+            "deleting the segment with the highest id"
+        );
         self.files
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(&id);
         {
-            let mut app = lock(&self.appender);
-            app.unsynced.remove(&id);
-            app.values_unsynced.remove(&id);
+            let mut unsynced = lock(&self.unsynced);
+            unsynced.all.remove(&id);
+            unsynced.values.remove(&id);
         }
         self.vfs.remove(&id.file_name())?;
         Ok(())

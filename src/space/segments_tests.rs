@@ -14,7 +14,7 @@ fn two_segments() -> (SimVfs, BlockRef, BlockRef) {
     let vfs: Arc<dyn Vfs> = Arc::new(sim.clone());
     let segments = Segments::open(vfs, false).expect("open");
     let first = segments.append(b"in segment one").expect("append");
-    segments.seal().expect("seal");
+    segments.seal();
     let second = segments.append(b"in segment two").expect("append");
     segments.sync().expect("sync");
     assert_eq!(first.addr.segment(), SegmentId(1));
@@ -38,7 +38,10 @@ fn garbage_is_a_stray_ignored_and_its_id_never_reused() {
     );
     assert!(segments.sizes().unwrap().iter().all(|(id, _)| id.0 != 7));
     assert_eq!(segments.read(first, "node").unwrap(), b"in segment one");
-    // Appends go to a new segment, after the stray.
+    // Appends continue the newest valid segment; a new one is numbered after the stray.
+    let r = segments.append(b"more").unwrap();
+    assert_eq!(r.addr.segment(), SegmentId(2));
+    segments.seal();
     let r = segments.append(b"more").unwrap();
     assert_eq!(r.addr.segment(), SegmentId(8));
     assert_eq!(sim.read_file(&name(7)).unwrap(), garbage, "never written");
@@ -57,7 +60,9 @@ fn a_block_in_a_stray_fails_to_read_naming_it() {
         text.contains("seg-00000002.dat") && text.contains("ignored"),
         "{text}"
     );
-    // Never continued: appends go to a new segment after it.
+    // Never continued: appends go to the newest valid segment, new ones after it.
+    assert_eq!(segments.append(b"x").unwrap().addr.segment(), SegmentId(1));
+    segments.seal();
     assert_eq!(segments.append(b"x").unwrap().addr.segment(), SegmentId(3));
 }
 
@@ -92,7 +97,7 @@ fn strays_say_what_is_wrong() {
 /// nothing after it. It is an empty segment, not a stray, and never continued.
 #[test]
 fn a_torn_header_is_an_empty_segment_never_continued() {
-    let header = Segments::header(SegmentId(3));
+    let header = Segments::header(SegmentId(3), Kind::Data);
     let cases: [&[u8]; 4] = [
         &[],
         &header[..10],
@@ -106,7 +111,148 @@ fn a_torn_header_is_an_empty_segment_never_continued() {
         assert!(segments.strays().is_empty(), "{torn:?}");
         assert!(segments.sizes().unwrap().iter().any(|(id, _)| id.0 == 3));
         let r = segments.append(b"after").unwrap();
-        assert_eq!(r.addr.segment(), SegmentId(4), "{torn:?}");
+        assert_eq!(
+            r.addr.segment(),
+            SegmentId(2),
+            "{torn:?}: the newest whole one"
+        );
+        let r = segments.append_value(&[7; 2000]).unwrap();
+        assert_eq!(
+            r.addr.segment(),
+            SegmentId(4),
+            "{torn:?}: a new data segment"
+        );
         assert_eq!(sim.read_file(&name(3)).unwrap(), torn, "never written");
     }
+}
+
+#[test]
+fn an_unknown_kind_is_a_stray() {
+    let (sim, _, _) = two_segments();
+    let mut header = Segments::header(SegmentId(3), Kind::Data);
+    header[OFF_KIND] = 9;
+    let c = crc(&header[..OFF_CRC]);
+    header[OFF_CRC..].copy_from_slice(&c.to_le_bytes());
+    sim.write_file(&name(3), &header);
+    let segments = reopen(&sim);
+    assert_eq!(
+        segments.strays().get(&SegmentId(3)).map(String::as_str),
+        Some("its header has an unknown segment kind 9")
+    );
+}
+
+/// Value extents go to data segments, everything else to general ones; after a
+/// reopen each stream continues the newest segment of its own kind.
+#[test]
+fn two_streams_keep_to_their_own_segments_across_reopen() {
+    let sim = SimVfs::new();
+    let segments = Segments::open(Arc::new(sim.clone()), false).unwrap();
+    let node = segments.append(b"a node").unwrap();
+    let value = segments.append_value(&[1; 3000]).unwrap();
+    let node2 = segments.append(b"another node").unwrap();
+    let values = segments.append_values(&[&[2; 5000], &[3; 1500]]).unwrap();
+    assert_eq!(node.addr.segment(), node2.addr.segment());
+    assert_ne!(node.addr.segment(), value.addr.segment());
+    assert!(values
+        .iter()
+        .all(|r| r.addr.segment() == value.addr.segment()));
+    assert_eq!(segments.read(values[1], "value").unwrap(), vec![3; 1500]);
+    segments.sync().unwrap();
+    drop(segments);
+    let segments = reopen(&sim);
+    let general = segments.append(b"third node").unwrap();
+    let data = segments.append_value(&[4; 2000]).unwrap();
+    assert_eq!(general.addr.segment(), node.addr.segment());
+    assert_eq!(data.addr.segment(), value.addr.segment());
+    assert!(
+        data.addr.offset() >= values[1].addr.offset() + 1500,
+        "after what was there"
+    );
+    for (r, want) in [(value, vec![1; 3000]), (data, vec![4; 2000])] {
+        assert_eq!(segments.read(r, "value").unwrap(), want);
+    }
+    let files = sim.names();
+    assert_eq!(
+        files.iter().filter(|n| n.starts_with("seg-")).count(),
+        2,
+        "{files:?}"
+    );
+}
+
+/// A large append of values is written from an aligned offset, padded to an aligned
+/// length, and reads back whole; small appends after it pack on.
+#[test]
+fn large_value_appends_are_aligned_for_direct_writes() {
+    let sim = SimVfs::new();
+    let segments = Segments::open(Arc::new(sim.clone()), false).unwrap();
+    let small = segments.append_value(&[9; 1100]).unwrap();
+    let blocks: Vec<Vec<u8>> = (0..80u8).map(|i| vec![i; 4096 - 100]).collect();
+    let refs: Vec<&[u8]> = blocks.iter().map(Vec::as_slice).collect();
+    let large = segments.append_values(&refs).unwrap();
+    assert_eq!(large[0].addr.offset() % DIRECT_ALIGN as u64, 0);
+    for (r, b) in large.iter().zip(&blocks) {
+        assert_eq!(&segments.read(*r, "value").unwrap(), b);
+    }
+    let after = segments.append_value(&[5; 1500]).unwrap();
+    let large_end = large[79].addr.offset() + u64::from(large[79].len);
+    assert_eq!(
+        after.addr.offset(),
+        large_end.next_multiple_of(DIRECT_ALIGN as u64)
+    );
+    assert_eq!(segments.read(small, "value").unwrap(), vec![9; 1100]);
+}
+
+/// What a checkpoint may delete: no segment an append can still reach.
+#[test]
+fn the_fence_holds_the_active_segments_and_every_later_id() {
+    let (sim, first, second) = two_segments();
+    let segments = reopen(&sim);
+    let fence = segments.fence();
+    // After reopen, before any append: segment 2 is where general appends resume.
+    assert!(!fence.may_grow(first.addr.segment()));
+    assert!(fence.may_grow(second.addr.segment()));
+    assert!(fence.may_grow(SegmentId(3)));
+    let v = segments.append_value(&[1; 2000]).unwrap();
+    assert_eq!(v.addr.segment(), SegmentId(3));
+    segments.seal();
+    assert!(!segments.is_active(SegmentId(2)), "sealed");
+    assert_eq!(segments.append(b"n").unwrap().addr.segment(), SegmentId(4));
+    let fence = segments.fence();
+    assert!(!fence.may_grow(SegmentId(2)), "sealed");
+    assert!(fence.may_grow(SegmentId(3)), "the active data segment");
+    assert!(fence.may_grow(SegmentId(4)), "the active general segment");
+    assert!(fence.may_grow(SegmentId(5)), "not created yet");
+    assert!(segments.is_active(SegmentId(3)) && segments.is_active(SegmentId(4)));
+    segments.seal_if_active(SegmentId(3));
+    assert!(!segments.is_active(SegmentId(3)));
+    assert!(!segments.fence().may_grow(SegmentId(3)));
+}
+
+/// A data segment found at open is continued only by appends before the first fence:
+/// after it, the data stream starts a new segment, so a checkpoint can delete the old
+/// one once it is empty.
+#[test]
+fn a_fence_ends_the_data_streams_claim_on_its_old_segment() {
+    let sim = SimVfs::new();
+    let segments = Segments::open(Arc::new(sim.clone()), false).unwrap();
+    let old = segments.append_value(&[1; 2000]).unwrap().addr.segment();
+    segments.sync().unwrap();
+    drop(segments);
+    let segments = reopen(&sim);
+    assert!(!segments.fence().may_grow(old));
+    let next = segments.append_value(&[2; 2000]).unwrap().addr.segment();
+    assert!(next > old);
+}
+
+/// The newest file keeps ids from being reused, whatever its kind.
+#[test]
+fn the_highest_id_is_the_newest_file_of_either_kind() {
+    let sim = SimVfs::new();
+    let segments = Segments::open(Arc::new(sim.clone()), false).unwrap();
+    let general = segments.append(b"node").unwrap().addr.segment();
+    let data = segments.append_value(&[1; 2000]).unwrap().addr.segment();
+    assert!(segments.is_highest(data) && !segments.is_highest(general));
+    segments.seal();
+    let newer = segments.append(b"node").unwrap().addr.segment();
+    assert!(segments.is_highest(newer) && !segments.is_highest(data));
 }

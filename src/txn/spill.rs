@@ -27,9 +27,9 @@
 //! Crash safety: nothing durable names a spilled node before the commit's
 //! checkpoint, which fsyncs the segments (every append is in their unsynced set)
 //! before its superblock. A crash before that leaves them as unreferenced bytes.
-//! Segment deletion cannot take a segment a spill wrote into: appends go to the
-//! newest segment, and a segment is deletable only when it is older than the newest
-//! one at a freeze, and no freeze happens while the transaction holds the writer lock.
+//! Segment deletion cannot take a segment a spill wrote into: a segment is deletable
+//! only when no append can reach it since a freeze (`crate::space::AppendFence`), and
+//! no freeze happens while the transaction holds the writer lock.
 
 use crate::backref::WriteStore;
 use crate::btree::node::{Body, Child, Node};
