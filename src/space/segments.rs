@@ -215,9 +215,10 @@ enum Header {
 
 impl Segments {
     /// Opens every segment file in the directory, checking each header; strays are
-    /// set aside. Appends go to the end of the newest segment (never over anything
-    /// already there: a crash may have left blocks a WAL record refers to). A name
-    /// that is not a regular file (a directory, a dangling link) fails the open.
+    /// set aside. Each stream's appends go to the end of the newest segment of its
+    /// kind (never over anything already there: a crash may have left blocks a WAL
+    /// record refers to). A name that is not a regular file (a directory, a dangling
+    /// link) fails the open.
     pub(crate) fn open(vfs: Arc<dyn Vfs>, read_only: bool) -> Result<Segments> {
         let mut ids: Vec<SegmentId> = vfs
             .list()?
