@@ -62,7 +62,8 @@ struct Frozen {
     lsn: Lsn,
     delta: SpaceDelta,
     next_wal_gen: u64,
-    /// Segments at or above this id may hold blocks written after the freeze.
+    /// The segments appends may reach after the freeze: none of them is deleted on
+    /// this checkpoint's account.
     append_fence: AppendFence,
     /// Back references the interval ended; the nodes this checkpoint writes add theirs.
     backrefs: WriteStore,
