@@ -269,12 +269,20 @@ fn shadow_child<'c>(
     Ok(child)
 }
 
+/// Most entries a write leaves in a branch, whatever their size. Every small commit
+/// copies the branches on its path (the previous commit's published view holds
+/// them), at a reference-count bump per child, usually a cache miss: short keys (a
+/// volume's 9-byte block numbers) would otherwise put ~300 entries in an 8 KiB
+/// branch. 160 keeps a million 24-byte keys 3 levels deep (~22k leaves).
+const BRANCH_ENTRIES_MAX: usize = 160;
+
 fn leaf_needs_split(node: &Node, incoming: usize) -> bool {
     node.size + incoming > NODE_MAX && node.len() >= 2
 }
 
 fn branch_needs_split(node: &Node, key_len: usize) -> bool {
-    node.size + branch_entry_size(key_len) > NODE_MAX && node.len() >= 2
+    (node.size + branch_entry_size(key_len) > NODE_MAX || node.len() >= BRANCH_ENTRIES_MAX)
+        && node.len() >= 2
 }
 
 fn needs_split(node: &Node, key_len: usize, leaf_incoming: usize) -> bool {
@@ -599,7 +607,9 @@ fn fix(entries: &mut Vec<BranchEntry>, idx: usize, ctx: &mut WriteCtx<'_>) -> Re
     let (head, tail) = entries.split_at_mut(left_idx + 1);
     let left = shadow(&mut head[left_idx].child, ctx)?;
     let right = shadow(&mut tail[0].child, ctx)?;
-    if left.size + right.size - super::node::HEADER_SIZE <= MERGE_MAX {
+    let entries_after = left.len() + right.len();
+    let branch_fits = left.is_leaf() || entries_after <= BRANCH_ENTRIES_MAX * 3 / 4;
+    if left.size + right.size - super::node::HEADER_SIZE <= MERGE_MAX && branch_fits {
         merge_into(left, right);
         let removed = entries.remove(left_idx + 1);
         let change = -i64::try_from(branch_entry_size(removed.key.len())).expect("small");

@@ -287,3 +287,28 @@ fn allocation_merges_a_long_run_even_when_asked_for_one() {
         ]
     );
 }
+
+/// Short keys (block numbers) fill a branch with at most 160 children whatever their
+/// size (`BRANCH_ENTRIES_MAX`): every small commit copies the branches on its path.
+#[test]
+fn branches_of_short_keys_are_capped_in_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::create(dir.path().join("s")).unwrap();
+    let mut txn = store.begin_write().unwrap();
+    // ~70 entries a leaf: ~1,700 leaves, which 8 KiB branches would hold 300 apiece.
+    for block in 0..120_000u64 {
+        txn.put(&block_key(block), &[block as u8; 100]).unwrap();
+    }
+    txn.commit().unwrap();
+    store.checkpoint().unwrap();
+    let stats = store.stats().unwrap();
+    // Every node but the root is one branch's child.
+    let children = stats.leaf_nodes + stats.branch_nodes - 1;
+    assert!(
+        children <= 160 * stats.branch_nodes,
+        "{} children under {} branches",
+        children,
+        stats.branch_nodes
+    );
+    assert!(stats.depth <= 3, "depth {}", stats.depth);
+}
