@@ -160,6 +160,9 @@ impl<'s> WriteTxn<'s> {
             .map(|&(_, v)| v)
             .filter(|v| v.len() > INLINE_VALUE_MAX)
             .collect();
+        if large.is_empty() {
+            return self.apply_puts(pairs, Vec::new());
+        }
         let segments = &self.shared.segments;
         let mut staged = segments
             .stage_values(&large)

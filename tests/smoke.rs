@@ -255,3 +255,44 @@ fn deleting_absent_keys_changes_nothing() {
     assert_eq!(all, model);
     assert!(store.verify().unwrap().problems.is_empty());
 }
+
+/// The segment files of the store at `path`.
+fn segment_files(path: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(path)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("seg-"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// `put_many` with only small (inline) values writes no extent, so it opens no data
+/// segment; large values open one, and read back.
+#[test]
+fn put_many_opens_a_data_segment_only_for_large_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let store = Store::create_with(&path, opts()).unwrap();
+    let before = segment_files(&path);
+    let mut txn = store.begin_write().unwrap();
+    txn.put_many(&[(b"a", b"small"), (b"b", b"values")])
+        .unwrap();
+    txn.commit().unwrap();
+    assert_eq!(segment_files(&path), before, "no segment for inline values");
+    let big = vec![7u8; 5000];
+    let mut txn = store.begin_write().unwrap();
+    txn.put_many(&[(b"c", &big[..]), (b"d", b"inline")])
+        .unwrap();
+    txn.commit().unwrap();
+    assert_eq!(
+        segment_files(&path).len(),
+        before.len() + 1,
+        "one data segment"
+    );
+    let read = store.read().unwrap();
+    assert_eq!(read.get(b"c").unwrap().as_deref(), Some(&big[..]));
+    assert_eq!(read.get(b"a").unwrap().as_deref(), Some(&b"small"[..]));
+    drop(read);
+    assert!(store.verify().unwrap().is_clean());
+}

@@ -101,6 +101,8 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
+    const ALL: [Kind; 2] = [Kind::General, Kind::Data];
+
     fn from_byte(b: u8) -> Option<Kind> {
         match b {
             0 => Some(Kind::General),
@@ -146,7 +148,6 @@ impl StagedValues<'_> {
 
 /// The bytes of a staged write.
 enum Payload<'v> {
-    Nothing,
     /// One value, written from where it is.
     One(&'v [u8]),
     /// Several, laid out back to back (and aligned, for a direct write).
@@ -296,7 +297,7 @@ impl Segments {
         let read = &mut buf[..present];
         file.read_exact_at(read, 0)?;
         // Torn while being created: part of the header either kind would have.
-        let torn = [Kind::General, Kind::Data].iter().any(|&kind| {
+        let torn = Kind::ALL.iter().any(|&kind| {
             let expected = Self::header(id, kind);
             let matches = read
                 .iter()
@@ -412,7 +413,7 @@ impl Segments {
     /// appends, when a checkpoint found them so). Called before the first append.
     pub(crate) fn do_not_resume(&self, ids: impl Iterator<Item = SegmentId>) {
         let ids: BTreeSet<SegmentId> = ids.collect();
-        for kind in [Kind::General, Kind::Data] {
+        for kind in Kind::ALL {
             let mut app = self.appender(kind);
             if app.resume.is_some_and(|id| ids.contains(&id)) {
                 app.resume = None;
@@ -449,6 +450,9 @@ impl Segments {
     /// back in one write, and returns their references in order: what
     /// [`Segments::stage_values`] and [`Segments::write_staged`] do together.
     pub(crate) fn append_values(&self, values: &[&[u8]]) -> Result<Vec<BlockRef>> {
+        if values.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut staged = self.stage_values(values)?;
         let refs = std::mem::take(&mut staged.refs);
         self.write_staged(staged)?;
@@ -464,8 +468,10 @@ impl Segments {
     /// are written past the page cache, from a 4 KiB-aligned offset (the bytes
     /// skipped to reach it, and the tail padding that makes the write's length
     /// aligned, are dead space in the segment).
+    /// `values` is not empty (staging nothing would still open a data segment).
     pub(crate) fn stage_values<'v>(&self, values: &[&'v [u8]]) -> Result<StagedValues<'v>> {
         assert!(!self.read_only, "append on a read-only store");
+        assert!(!values.is_empty(), "staging no values");
         let total: usize = values.iter().map(|v| v.len()).sum();
         let direct = total >= DIRECT_MIN_BYTES;
         let mut app = self.appender(Kind::Data);
@@ -486,7 +492,6 @@ impl Segments {
         };
         app.end = at + padded as u64;
         let payload = match values {
-            [] => Payload::Nothing,
             [one] if !direct => Payload::One(one),
             _ => {
                 // The stream's buffer, lent to this write (a stream of large writes
@@ -539,7 +544,6 @@ impl Segments {
             ..
         } = staged;
         match payload {
-            Payload::Nothing => return Ok(()),
             Payload::One(bytes) => file.write_all_at(bytes, at)?,
             Payload::Laid(buf) => {
                 if direct {
@@ -684,7 +688,7 @@ impl Segments {
     /// this before it moves the live blocks out of a segment that was taking appends.
     pub(crate) fn seal_if_active(&self, id: SegmentId) {
         assert!(!self.read_only, "seal on a read-only store");
-        for kind in [Kind::General, Kind::Data] {
+        for kind in Kind::ALL {
             let mut app = self.appender(kind);
             if app.active.as_ref().is_some_and(|(a, _)| *a == id) {
                 Self::close_stream(&mut app);
@@ -725,7 +729,7 @@ impl Segments {
 
     /// Whether `id` is a segment taking appends now (of either stream).
     pub(crate) fn is_active(&self, id: SegmentId) -> bool {
-        [Kind::General, Kind::Data].iter().any(|&kind| {
+        Kind::ALL.iter().any(|&kind| {
             self.appender(kind)
                 .active
                 .as_ref()
@@ -741,7 +745,7 @@ impl Segments {
     /// being deleted. The general stream keeps it: the checkpoint taking the fence
     /// appends to it at once.
     pub(crate) fn fence(&self) -> AppendFence {
-        let growing = [Kind::General, Kind::Data].map(|kind| {
+        let growing = Kind::ALL.map(|kind| {
             let mut app = self.appender(kind);
             if kind == Kind::Data {
                 app.resume = None;
