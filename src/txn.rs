@@ -9,8 +9,9 @@
 //!   ▼                        ▼
 //! root restored      small: WAL record appended under the writer lock → lock released
 //!                           → fsync (group commit, Immediate only) → roots published
-//!                    large (> LARGE_TXN_BYTES of ops): no WAL record; a checkpoint
-//!                           under the writer lock makes it durable → roots published
+//!                    large (> LARGE_TXN_BYTES of ops, or past 16 MiB when that is
+//!                           cheaper): no WAL record; a checkpoint under the writer
+//!                           lock makes it durable → roots published
 //! ```
 //! A transaction whose own dirty nodes pass `Options::txn_dirty_bytes` becomes large
 //! too, and writes them out at once ([`spill`]): its memory stays bounded whatever
@@ -37,7 +38,25 @@ mod spill;
 
 /// A transaction whose logged operations pass this size commits by checkpoint
 /// instead of through the WAL: its data is written once, into nodes, not twice.
-pub(crate) const LARGE_TXN_BYTES: usize = 16 << 20;
+///
+/// Why so large (it was 16 MiB): a logged transaction leaves its dirty nodes in
+/// memory for the next checkpoint, so the inserts of many transactions reach each leaf
+/// before it is written; one that commits by checkpoint writes every leaf it touched at
+/// once. A load of 3M keys in 200k-pair transactions (38 MiB of WAL each) took 34 s
+/// when each transaction checkpointed (with the budgets of the time, 64 MiB of WAL and
+/// 256 MiB of dirty nodes) and 10 s logged (BENCHMARKS.md). A quarter of the default
+/// WAL budget, so several such transactions share a checkpoint.
+pub(crate) const LARGE_TXN_BYTES: usize = 128 << 20;
+
+/// Past this many bytes of operations (and below [`LARGE_TXN_BYTES`]), a transaction
+/// commits by checkpoint if that is the cheaper way: when the nodes that checkpoint
+/// would write (every dirty node, the earlier commits' and its own) weigh at most twice
+/// its operations. Sorted input (an import) fills new leaves, so writing them now
+/// costs about what logging would, and logging would write the same bytes a second
+/// time at the next checkpoint; random inserts into a large tree dirty many times
+/// their own size in leaves, which are better left dirty for later transactions to
+/// add to.
+const CHEAPER_BY_CHECKPOINT_BYTES: usize = 16 << 20;
 
 /// An atomic batch of puts and deletes on one branch. Dropping it without `commit`
 /// aborts it. One write transaction is open per store at a time.
@@ -312,6 +331,11 @@ impl<'s> WriteTxn<'s> {
             .guard
             .take()
             .expect("an open transaction holds the writer lock");
+        // Decided before the changes are taken apart below.
+        let logged = self
+            .batch
+            .take()
+            .filter(|b| !self.cheaper_by_checkpoint(&guard, b.payload_len()));
         // The committed root goes back first: if the commit fails before it installs
         // the new one, the branch is as it was.
         let version = self.version;
@@ -332,7 +356,7 @@ impl<'s> WriteTxn<'s> {
             }
             return Ok(());
         }
-        match &self.batch {
+        match logged {
             Some(batch) => {
                 log_and_publish(shared, guard, &batch.record(), self.durability, |w, _| {
                     install(w);
@@ -354,6 +378,13 @@ impl<'s> WriteTxn<'s> {
 
     /// Discards the transaction.
     pub fn abort(self) {}
+
+    /// Whether committing by checkpoint costs less than logging `logged` bytes of
+    /// operations (see [`CHEAPER_BY_CHECKPOINT_BYTES`]); `w` is the writer state.
+    fn cheaper_by_checkpoint(&self, w: &WriterState, logged: usize) -> bool {
+        let to_write = w.dirty_bytes + self.changes.dirtied_bytes() + self.grown_bytes;
+        logged > CHEAPER_BY_CHECKPOINT_BYTES && to_write <= 2 * logged as u64
+    }
 }
 
 impl Drop for WriteTxn<'_> {

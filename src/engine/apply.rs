@@ -66,6 +66,11 @@ impl Changes {
         self.copied_written_bytes
     }
 
+    /// Bytes of nodes made dirty so far, copies and new ones (see `WriteCtx`).
+    pub(crate) fn dirtied_bytes(&self) -> u64 {
+        self.dirtied_bytes
+    }
+
     /// Records nodes written before their transaction commits (a spill, `txn::spill`):
     /// the space they take and the back references they hold, both dropped with the
     /// rest of these changes if the transaction aborts.
