@@ -54,9 +54,6 @@ use std::collections::HashSet;
 use std::ops::Range;
 use std::sync::Arc;
 
-/// Dropped-version nodes freed per hold of the writer lock before a round.
-const DROP_STEP_NODES: usize = 64;
-
 /// Live bytes moved per relocation round at most: the copies are dirty nodes in
 /// memory until the round's checkpoint writes them.
 const ROUND_BYTES: u64 = 16 << 20;
@@ -654,11 +651,6 @@ fn relocate(
     victims: &Victims,
     mut ahead: AddrMap<Addr, BlockRef>,
 ) -> Result<Moved> {
-    // Dropped versions are freed here in small steps, each holding the writer lock
-    // briefly, rather than all at once by `settle` below, under the lock the round
-    // holds: a snapshot made and dropped while a volume is busy leaves thousands of
-    // nodes to free, and a version operation waiting behind them waited tens of ms.
-    while crate::versions::drop_step(shared, DROP_STEP_NODES)? {}
     let_writers_in();
     let mut guard = shared.lock_writer_checked()?;
     settle(shared, &mut guard, false)?;
