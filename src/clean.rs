@@ -44,11 +44,12 @@ use crate::btree::node::{Body, Child, Node, ValueRef, NODE_MAGIC};
 use crate::btree::refcount::{RcDelta, Target};
 use crate::btree::walk::{walk, At, Visitor};
 use crate::checkpoint;
-use crate::engine::{drop_step, Shared, WriterState};
+use crate::engine::{drop_step, LendingGuard, Shared, WriterState};
 use crate::error::{Error, Result};
 use crate::format::{crc, Addr, AddrMap, BlockRef, SegmentId};
 use crate::space::{SpaceDelta, SEGMENT_HEADER_SIZE};
 use crate::sync::lock;
+use crate::wal::Record;
 use serde::Serialize;
 use std::collections::HashSet;
 use std::ops::Range;
@@ -73,6 +74,10 @@ const SHRINK_PASSES: usize = 3;
 /// Automatic cleaning starts only past this many dead bytes: below it, the space is
 /// not worth the moves.
 const AUTO_CLEAN_MIN_DEAD: u64 = 16 << 20;
+
+/// Nodes of dropped versions freed per step while the cleaner settles; the writer
+/// lock is lent to version operations between steps.
+const DROP_STEP_NODES: usize = 128;
 
 /// Automatic cleaning moves at most this much per run, so that no single checkpoint
 /// or close pays for a whole store's worth of cleaning.
@@ -223,7 +228,7 @@ pub(crate) fn defrag(shared: &Shared, version: Option<&str>) -> Result<CleanRepo
         // a leaf rewritten in between is simply not moved. Branches move as the
         // leaves' parents.
         let leaves = {
-            let mut w = shared.lock_writer_checked()?;
+            let mut w = shared.lock_writer_lending()?;
             settle(shared, &mut w, false)?;
             let Some(v) = w.catalog.by_name(&name) else {
                 if version.is_some() {
@@ -480,7 +485,7 @@ fn settle_deletions(shared: &Shared) -> Result<()> {
     for _ in 0..2 {
         let_writers_in();
         {
-            let mut w = shared.lock_writer_checked()?;
+            let mut w = shared.lock_writer_lending()?;
             settle(shared, &mut w, true)?;
         }
         checkpoint::delete_unreachable_segments(shared);
@@ -493,10 +498,18 @@ fn settle_deletions(shared: &Shared) -> Result<()> {
 /// a checkpoint unless nothing happened since the last one (as between two rounds
 /// that no commit came between), or always when `force`d (to advance the
 /// generation, which pending deletions wait for).
-fn settle(shared: &Shared, w: &mut WriterState, force: bool) -> Result<()> {
-    while drop_step(w, shared.loader(), 1024)? {}
-    if force || !checkpoint::nothing_to_write(shared, w) {
-        checkpoint::run_holding(shared, w)?;
+///
+/// Lends the writer lock to version operations between drop steps and while its
+/// checkpoint writes (`engine::lend`).
+fn settle(shared: &Shared, w: &mut LendingGuard<'_>, force: bool) -> Result<()> {
+    while drop_step(w, shared.loader(), DROP_STEP_NODES)? {
+        w.serve();
+    }
+    let durable_lsn = checkpoint::lock_durable_lending(shared, w)
+        .sb
+        .checkpoint_lsn;
+    if force || !checkpoint::nothing_to_write(durable_lsn, w) {
+        checkpoint::run_lending(shared, w)?;
     }
     Ok(())
 }
@@ -652,7 +665,7 @@ fn relocate(
     mut ahead: AddrMap<Addr, BlockRef>,
 ) -> Result<Moved> {
     let_writers_in();
-    let mut guard = shared.lock_writer_checked()?;
+    let mut guard = shared.lock_writer_lending()?;
     settle(shared, &mut guard, false)?;
     // A copy made ahead lies in a segment nothing counted live until now: if a
     // checkpoint meanwhile found that segment empty, it is to be deleted, and the
@@ -661,10 +674,28 @@ fn relocate(
         let pending = lock(&shared.pending_deletes);
         ahead.retain(|_, copy| !pending.iter().any(|p| p.segment == copy.addr.segment()));
     }
-    let closure = closure(shared, &guard, victims);
-    let plan = match plan_moves(shared, &guard, victims, Some(&closure), &ahead) {
-        Err(Error::Corrupted { .. }) => plan_moves(shared, &guard, victims, None, &ahead)?,
-        other => other?,
+    // Planning changes nothing, so a version operation waiting for the lock is served
+    // by abandoning the plan and planning again: a snapshot waits for no round.
+    let plan = loop {
+        guard.serve();
+        let closure = closure(shared, &guard, victims);
+        let interrupted = || guard.requested();
+        let plan = match plan_moves(
+            shared,
+            &guard,
+            victims,
+            Some(&closure),
+            &ahead,
+            &interrupted,
+        ) {
+            Err(Error::Corrupted { .. }) => {
+                plan_moves(shared, &guard, victims, None, &ahead, &interrupted)?
+            }
+            other => other?,
+        };
+        if let Some(plan) = plan {
+            break plan;
+        }
     };
     let w = &mut *guard;
     let Plan {
@@ -678,6 +709,17 @@ fn relocate(
     if moved.blocks == 0 {
         return Ok(moved);
     }
+    // The relocation takes an LSN (so that reader views older than it keep the
+    // victims alive) and logs a record for it that replay skips: the version
+    // operations lent the lock while its checkpoint writes are logged after it, and
+    // recovery from the superblock before that checkpoint must replay them.
+    let lsn = w.last_lsn.next();
+    shared.wal.append(
+        lsn,
+        &Record::Relocation {
+            blocks: moved.blocks,
+        },
+    )?;
     for v in &mut w.catalog.versions {
         if let Some(Some(copy)) = v
             .root
@@ -693,9 +735,9 @@ fn relocate(
     w.dirty_bytes += dirtied;
     w.backrefs.merge(backrefs);
     // Commit by checkpoint: the copies are written and the victims' bytes freed.
-    w.last_lsn = w.last_lsn.next();
-    checkpoint::run_holding(shared, w)?;
-    shared.publish(shared.view_of(w));
+    w.last_lsn = lsn;
+    checkpoint::run_lending(shared, &mut guard)?;
+    shared.publish(shared.view_of(&guard));
     drop(guard);
     // The segments the settle made unreachable go now, with commits going on.
     checkpoint::delete_unreachable_segments(shared);
@@ -757,11 +799,14 @@ fn plan_moves(
     victims: &Victims,
     closure: Option<&HashSet<Addr>>,
     ahead: &AddrMap<Addr, BlockRef>,
-) -> Result<Plan> {
+    interrupted: &dyn Fn() -> bool,
+) -> Result<Option<Plan>> {
     let pick = |r: BlockRef| victims.picks(r);
     let mut mover = Mover {
         shared,
         pick: &pick,
+        interrupted,
+        abandoned: false,
         closure,
         ahead,
         rewired: AddrMap::default(),
@@ -785,6 +830,9 @@ fn plan_moves(
         .collect();
     for root in &roots {
         walk(&mut shared.loader(), root, &mut mover)?;
+        if mover.abandoned {
+            return Ok(None);
+        }
         if let Some(r) = root.disk_ref() {
             if matches!(mover.copies.get(&r.addr), Some(Some(_))) {
                 *mover.rewired.entry(r.addr).or_default() += 1;
@@ -808,14 +856,14 @@ fn plan_moves(
             ));
         }
     }
-    Ok(Plan {
+    Ok(Some(Plan {
         copies: mover.copies,
         delta: mover.delta,
         rc: mover.rc,
         moved: mover.moved,
         dirtied: mover.dirtied,
         backrefs: mover.backrefs,
-    })
+    }))
 }
 
 /// The relocation walk. Post-order: a node is copied when it is picked, or when any of
@@ -824,6 +872,9 @@ fn plan_moves(
 struct Mover<'a> {
     shared: &'a Shared,
     pick: &'a dyn Fn(BlockRef) -> bool,
+    /// Whether to abandon the plan (a version operation waits for the writer lock).
+    interrupted: &'a dyn Fn() -> bool,
+    abandoned: bool,
     /// The only nodes that can need a copy (`None`: any; every node is walked).
     closure: Option<&'a HashSet<Addr>>,
     /// Value extents already copied, before the writer lock was taken: old address
@@ -930,6 +981,10 @@ fn unsettled() -> Error {
 
 impl Visitor for Mover<'_> {
     fn enter(&mut self, at: &At<'_>) -> Result<bool> {
+        if self.abandoned || (self.interrupted)() {
+            self.abandoned = true;
+            return Ok(false);
+        }
         let r = at.child.disk_ref().ok_or_else(unsettled)?;
         if self.closure.is_some_and(|c| !c.contains(&r.addr)) {
             // Nothing below needs moving.

@@ -18,7 +18,7 @@ use crate::backref::{BackrefStore, WriteStore};
 use crate::btree::cache::PageCache;
 use crate::catalog::Catalog;
 use crate::checkpoint;
-use crate::engine::{self, Durable, PendingDelete, Shared, ViewRegistry, WriterState};
+use crate::engine::{self, Durable, Lender, PendingDelete, Shared, ViewRegistry, WriterState};
 use crate::error::{Error, Result};
 use crate::format::{now_unix_ms, BlockRef, Lsn, SegmentId};
 use crate::io::{LockKind, StoreLock, VFile, Vfs};
@@ -308,6 +308,7 @@ fn load(
         cache,
         wal,
         writer: Mutex::new(writer),
+        lender: Lender::default(),
         durable: Mutex::new(durable),
         published: RwLock::new(view),
         views,

@@ -98,6 +98,10 @@ pub struct Stats {
     pub backref_written_records: u64,
     /// Compactions of the back references since open.
     pub backref_compactions: u64,
+    /// Version operations (snapshots, clones, new branches) the cleaner ran for
+    /// their callers while it held the writer lock, since open: each would otherwise
+    /// have waited for the rest of a cleaner round.
+    pub version_ops_lent: u64,
 }
 
 pub(crate) fn collect(shared: &Shared) -> Result<Stats> {
@@ -152,6 +156,7 @@ pub(crate) fn collect(shared: &Shared) -> Result<Stats> {
         s.backref_written_records = written.records;
         s.backref_compactions = written.compactions;
     }
+    s.version_ops_lent = shared.lender.lent();
     s.cache_capacity_bytes = shared.cache.capacity();
     s.cache_bytes = shared.cache.bytes();
     s.cache_hits = shared.cache.hits();

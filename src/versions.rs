@@ -38,7 +38,7 @@ use crate::btree::refcount::{RcDelta, RefCounts, Target};
 use crate::btree::walk::{walk, At, Visitor};
 use crate::btree::Loader;
 use crate::catalog::{check_version_name, VersionKind, MAIN_BRANCH};
-use crate::commit::log_and_publish;
+use crate::commit::{log_and_apply, log_and_publish};
 use crate::engine::{self, Shared, View};
 use crate::error::{Error, Result};
 use crate::format::now_unix_ms;
@@ -184,36 +184,43 @@ pub(crate) fn make_version(
     durability: Durability,
 ) -> Result<()> {
     check_version_name(name)?;
-    let w = shared.lock_writer_checked()?;
-    let source_id = match source {
-        None => None,
-        Some(source) => Some(
-            w.catalog
-                .by_name(source)
-                .ok_or_else(|| Error::VersionNotFound(source.to_owned()))?
-                .id
-                .0,
-        ),
-    };
-    if w.catalog.by_name(name).is_some() {
-        return Err(Error::VersionExists(name.to_owned()));
-    }
-    let id = w.catalog.next_id;
-    if id == u32::MAX {
-        return Err(Error::InvalidArgument("version ids exhausted".into()));
-    }
-    let op = VersionOp::Create {
-        id,
-        source: source_id,
-        snapshot: kind == VersionKind::Snapshot,
-        created_unix_ms: now_unix_ms(),
-        created_checkpoint: shared.durable_generation(),
-        name: name.to_owned(),
-    };
-    let record = Record::Version(op.clone());
-    log_and_publish(shared, w, &record, durability, |w, lsn| {
-        engine::create_version(w, &op, lsn)
-    })
+    let source = source.map(str::to_owned);
+    let name = name.to_owned();
+    // Lent when the cleaner holds the writer lock: making a version dirties no node,
+    // and a snapshot of a busy volume must not wait for a cleaner round.
+    let logged = shared.with_writer_lent(move |shared, w| {
+        let source_id = match source {
+            None => None,
+            Some(source) => Some(
+                w.catalog
+                    .by_name(&source)
+                    .ok_or(Error::VersionNotFound(source))?
+                    .id
+                    .0,
+            ),
+        };
+        if w.catalog.by_name(&name).is_some() {
+            return Err(Error::VersionExists(name));
+        }
+        let id = w.catalog.next_id;
+        if id == u32::MAX {
+            return Err(Error::InvalidArgument("version ids exhausted".into()));
+        }
+        let op = VersionOp::Create {
+            id,
+            source: source_id,
+            snapshot: kind == VersionKind::Snapshot,
+            created_unix_ms: now_unix_ms(),
+            created_checkpoint: shared.durable_generation(),
+            name,
+        };
+        let record = Record::Version(op.clone());
+        let ((), logged) = log_and_apply(shared, w, &record, |w, lsn| {
+            engine::create_version(w, &op, lsn)
+        })?;
+        Ok(logged)
+    })?;
+    logged.publish(shared, durability)
 }
 
 /// Removes version `name`; the walk that frees its nodes runs in the background.

@@ -49,10 +49,13 @@ pub(crate) struct RefCounts {
     /// Nodes made dirty in this epoch or earlier are written and merged: their
     /// counts are in `table`.
     pub merged_through: u64,
-    /// Addresses whose `table` entry changed since the last [`RefCounts::take_changes`]:
-    /// what the next checkpoint's metadata delta records (a checkpoint writes only
-    /// what changed, never the whole table).
-    changed: AddrMap<Addr, ()>,
+    /// Addresses whose `table` entry changed since the last [`RefCounts::take_changes`],
+    /// with their count now (1: the entry is gone): what the next checkpoint's
+    /// metadata delta records (a checkpoint writes only what changed, never the
+    /// whole table). Kept current as counts change, so that a freeze takes it
+    /// whole instead of looking every address up under the writer lock (a volume
+    /// with snapshots changes hundreds of thousands of extent counts per interval).
+    changed: AddrMap<Addr, u32>,
 }
 
 /// What a pointer points at, which decides where its count lives.
@@ -78,20 +81,15 @@ impl RefCounts {
     /// (for an address a checkpoint recorded from an in-memory entry whose count may
     /// have changed, or gone, before it was merged into the table).
     pub(crate) fn mark_changed(&mut self, addr: Addr) {
-        self.changed.insert(addr, ());
+        let count = self.table.get(&addr).copied().unwrap_or(1);
+        self.changed.insert(addr, count);
     }
 
-    /// The current count of every address whose entry changed since the last call,
-    /// sorted by address (a count of one or less means the entry is gone); resets
-    /// the record. Costs the number of changes, not the size of the table.
-    pub(crate) fn take_changes(&mut self) -> Vec<(Addr, u32)> {
-        let mut out: Vec<(Addr, u32)> = self
-            .changed
-            .drain()
-            .map(|(a, ())| (a, self.table.get(&a).copied().unwrap_or(1)))
-            .collect();
-        out.sort_unstable_by_key(|&(a, _)| a);
-        out
+    /// The current count of every address whose entry changed since the last call
+    /// (a count of one or less means the entry is gone); resets the record. Constant
+    /// time: the record is handed over whole.
+    pub(crate) fn take_changes(&mut self) -> AddrMap<Addr, u32> {
+        std::mem::take(&mut self.changed)
     }
 
     /// Whether an in-memory node's count is still kept by identity.
@@ -133,7 +131,7 @@ impl RefCounts {
         self.mem.retain(|_, (n, count)| match n.disk.get() {
             Some(r) if n.epoch <= epoch => {
                 table.insert(r.addr, *count);
-                changed.insert(r.addr, ());
+                changed.insert(r.addr, *count);
                 false
             }
             _ => true,
@@ -156,13 +154,14 @@ impl RefCounts {
             // poisoning then makes the store refuse writes) rather than go on to free
             // live data.
             assert!(now >= 0, "reference count of {addr:?} below zero ({now})");
-            self.changed.insert(addr, ());
             match u32::try_from(now) {
                 Ok(n) if n > 1 => {
                     self.table.insert(addr, n);
+                    self.changed.insert(addr, n);
                 }
                 _ => {
                     self.table.remove(&addr);
+                    self.changed.insert(addr, 1);
                 }
             }
         }

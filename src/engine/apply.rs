@@ -173,6 +173,8 @@ pub(crate) fn apply_record(
             drop_version(w, loader, VersionId(*id));
             Ok(())
         }
+        // The relocated blocks are where the superblock in use says they are.
+        Record::Relocation { .. } => Ok(()),
         Record::CheckpointCommit { .. } => Err(Error::corrupted(
             "superblock",
             format!(

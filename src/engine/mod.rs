@@ -17,9 +17,11 @@
 //! durable state.
 
 mod apply;
+mod lend;
 mod view;
 
 pub(crate) use apply::{apply_op, apply_record, create_version, drop_step, drop_version, Changes};
+pub(crate) use lend::{Lender, LendingGuard};
 pub(crate) use view::{View, ViewRegistry};
 
 use crate::backref::{BackrefStore, WriteStore};
@@ -203,6 +205,8 @@ pub(crate) struct Shared {
     pub cache: PageCache,
     pub wal: Wal,
     pub writer: Mutex<WriterState>,
+    /// Lends the writer lock to version operations while the cleaner holds it.
+    pub lender: Lender,
     pub durable: Mutex<Durable>,
     pub published: RwLock<Arc<View>>,
     pub views: Arc<ViewRegistry>,
@@ -331,8 +335,10 @@ impl Shared {
 
     /// Whether anything committed is not yet in a checkpoint.
     pub(crate) fn has_unwritten(&self) -> bool {
-        let w = self.lock_writer();
+        // Not under the writer lock: a checkpoint writing holds `durable` for as long
+        // as it writes, and every writer would wait with us.
         let durable_lsn = lock(&self.durable).sb.checkpoint_lsn;
+        let w = self.lock_writer();
         w.last_lsn > durable_lsn || !w.delta.is_empty()
     }
 }
