@@ -678,8 +678,10 @@ fn relocate(
     // by abandoning the plan and planning again: a snapshot waits for no round.
     let plan = loop {
         guard.serve();
-        let closure = closure(shared, &guard, victims);
         let interrupted = || guard.requested();
+        let Some(closure) = closure(shared, &guard, victims, &interrupted) else {
+            continue;
+        };
         let plan = match plan_moves(
             shared,
             &guard,
@@ -746,7 +748,15 @@ fn relocate(
 
 /// The addresses a relocation must rewrite: the victims, and every node on a path
 /// from a root to one, found upwards through the back references.
-fn closure(shared: &Shared, w: &WriterState, victims: &Victims) -> HashSet<Addr> {
+///
+/// `None` when `interrupted` asks for the writer lock back before it is done: like the
+/// plan, the lookup changes nothing, and it can take several milliseconds.
+fn closure(
+    shared: &Shared,
+    w: &WriterState,
+    victims: &Victims,
+    interrupted: &dyn Fn() -> bool,
+) -> Option<HashSet<Addr>> {
     let store = lock(&shared.backrefs);
     let ws = &w.backrefs;
     let mut closure: HashSet<Addr> = HashSet::new();
@@ -754,6 +764,9 @@ fn closure(shared: &Shared, w: &WriterState, victims: &Victims) -> HashSet<Addr>
     match victims {
         Victims::Ranges(ranges) => {
             for range in ranges {
+                if interrupted() {
+                    return None;
+                }
                 for e in store.edges(range.clone(), ws) {
                     closure.insert(e.child);
                     todo.push(e.parent);
@@ -769,6 +782,9 @@ fn closure(shared: &Shared, w: &WriterState, victims: &Victims) -> HashSet<Addr>
         Victims::Nodes { nodes, .. } => todo.extend(nodes.iter().copied()),
     }
     while let Some(a) = todo.pop() {
+        if closure.len().is_multiple_of(64) && interrupted() {
+            return None;
+        }
         if closure.insert(a) {
             todo.extend(
                 store
@@ -778,7 +794,7 @@ fn closure(shared: &Shared, w: &WriterState, victims: &Victims) -> HashSet<Addr>
             );
         }
     }
-    closure
+    Some(closure)
 }
 
 /// What a relocation would change, not yet applied.

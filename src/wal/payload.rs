@@ -98,22 +98,11 @@ impl<'a> Record<'a> {
     pub(crate) fn decode(kind: u8, payload: &'a [u8]) -> Result<Record<'a>> {
         match kind {
             KIND_BATCH => Batch::decode(payload).map(Record::Batch),
-            KIND_CHECKPOINT_COMMIT => {
-                let mut d = Decoder::new(payload, "wal");
-                let generation = d.u64()?;
-                if d.remaining() != 0 {
-                    return Err(d.error("trailing bytes in checkpoint-commit record"));
-                }
-                Ok(Record::CheckpointCommit { generation })
-            }
+            KIND_CHECKPOINT_COMMIT => lone_u64(payload, "checkpoint-commit")
+                .map(|generation| Record::CheckpointCommit { generation }),
             KIND_VERSION => VersionOp::decode(payload).map(Record::Version),
             KIND_RELOCATION => {
-                let mut d = Decoder::new(payload, "wal");
-                let blocks = d.u64()?;
-                if d.remaining() != 0 {
-                    return Err(d.error("trailing bytes in relocation record"));
-                }
-                Ok(Record::Relocation { blocks })
+                lone_u64(payload, "relocation").map(|blocks| Record::Relocation { blocks })
             }
             k => Err(crate::error::Error::corrupted(
                 "wal",
@@ -121,6 +110,16 @@ impl<'a> Record<'a> {
             )),
         }
     }
+}
+
+/// A payload that is one `u64` and nothing else.
+fn lone_u64(payload: &[u8], what: &str) -> Result<u64> {
+    let mut d = Decoder::new(payload, "wal");
+    let n = d.u64()?;
+    if d.remaining() != 0 {
+        return Err(d.error(format!("trailing bytes in {what} record")));
+    }
+    Ok(n)
 }
 
 /// One operation of a write transaction, borrowing its key and value.
