@@ -22,8 +22,9 @@
 //!    frees it is durable.
 //!
 //! Crash analysis: before step 3's superblock fsync, recovery uses the previous
-//! superblock and replays both WAL generations (the rotated one is fsynced at
-//! freeze); the nodes written so far are unreferenced garbage in a segment. A torn
+//! superblock and replays both WAL generations (the rotated one is written at the
+//! freeze and fsynced by the next group commit, before any record of the new one:
+//! `Wal::rotate`); the nodes written so far are unreferenced garbage in a segment. A torn
 //! superblock slot fails its checksum and the other slot is used. After it, the new
 //! superblock is used and replays from the new generation.
 
@@ -76,7 +77,6 @@ pub(crate) fn run(shared: &Shared, held: Option<&mut WriterState>) -> Result<()>
     let epoch = match held {
         Some(w) => run_holding(shared, w)?,
         None => {
-            presync(shared)?;
             let mut w = shared.lock_writer();
             let mut durable = lock(&shared.durable);
             let frozen = freeze(shared, &mut w, &mut durable);
@@ -109,7 +109,6 @@ pub(crate) fn run_holding(shared: &Shared, w: &mut WriterState) -> Result<u64> {
 /// writer state is the next interval's by then, as when a background checkpoint
 /// writes beside commits). Waiting for a checkpoint already writing lends too.
 pub(crate) fn run_lending(shared: &Shared, w: &mut LendingGuard<'_>) -> Result<u64> {
-    w.serve_while(|| presync(shared))?;
     let mut durable = lock_durable_lending(shared, w);
     let frozen = freeze(shared, w, &mut durable).inspect_err(|e| shared.poison(e))?;
     let durable: &mut Durable = &mut durable;
@@ -118,18 +117,6 @@ pub(crate) fn run_lending(shared: &Shared, w: &mut LendingGuard<'_>) -> Result<u
         .inspect_err(|e| shared.poison(e))?;
     w.refs.merge_written(epoch);
     Ok(epoch)
-}
-
-/// Makes the log and the segments durable up to the last commit, before a freeze
-/// takes the writer lock: the freeze's own sync (`Wal::rotate`) then covers only
-/// what is committed meanwhile. Without it, a volume written without flushes has
-/// hundreds of MB of unsynced data, and the freeze held every writer (and every
-/// snapshot) for the whole fsync: 60-350 ms.
-fn presync(shared: &Shared) -> Result<()> {
-    shared
-        .wal
-        .sync_to(shared.wal.last_lsn(), &shared.segments)
-        .inspect_err(|e| shared.poison(e))
 }
 
 /// The durable state, for a holder that lends the writer lock: lends it while a
@@ -195,7 +182,7 @@ fn freeze(shared: &Shared, w: &mut WriterState, durable: &mut Durable) -> Result
         shared.cache.remove(r.addr);
     }
     let append_fence = shared.segments.fence();
-    let closed_gen = shared.wal.rotate(&shared.segments)?;
+    let closed_gen = shared.wal.rotate()?;
     if shared.wal.last_lsn() < w.last_lsn {
         // A large transaction committed without a batch record: mark its LSN.
         shared
@@ -353,6 +340,10 @@ fn write(shared: &Shared, durable: &mut Durable, mut frozen: Frozen) -> Result<u
         .any(|seg| pending.iter().any(|p| p.segment == seg));
     let (meta_ref, chain) = write_meta(shared, durable, delta, rebase)?;
     shared.segments.sync()?;
+    // The log up to the freeze, durable before the superblock that covers it: the
+    // freeze left the closed generation's tail unwritten (`Wal::rotate`), and should
+    // this superblock slot ever be damaged, recovery from the other one replays it.
+    shared.wal.sync_rotated(&shared.segments)?;
     let sb = Superblock {
         generation,
         checkpoint_lsn: frozen.lsn,

@@ -63,6 +63,20 @@ struct State {
     bytes_since_checkpoint: u64,
     /// Bytes appended to the current generation.
     gen_bytes: u64,
+    /// Records of rotated generations not yet written: the next group commit writes
+    /// and syncs them before anything of the current generation (see
+    /// [`Wal::rotate`]).
+    rotated: Vec<Rotated>,
+}
+
+/// The unwritten tail of a rotated generation.
+struct Rotated {
+    gen: u64,
+    /// Its file, if a group commit already made it.
+    file: Option<Arc<dyn VFile>>,
+    /// Where `buf` goes in the file.
+    at: u64,
+    buf: Vec<u8>,
 }
 
 pub(crate) struct Wal {
@@ -93,6 +107,7 @@ impl Wal {
             failed: None,
             bytes_since_checkpoint,
             gen_bytes: 0,
+            rotated: Vec::new(),
         };
         Wal {
             vfs,
@@ -169,13 +184,14 @@ impl Wal {
             st.sync_in_flight = true;
             let target = st.last_lsn;
             let buf = std::mem::take(&mut st.buf);
+            let rotated = std::mem::take(&mut st.rotated);
             let result = match self.file_for_write(&mut st) {
                 Ok((file, at)) => {
                     st.file_end += buf.len() as u64;
                     // The leader does its I/O without the lock, so others keep appending
                     // (their records form the next group).
                     drop(st);
-                    let r = Self::write_and_sync(&*file, at, &buf, segments);
+                    let r = self.write_and_sync(&*file, at, &buf, segments, rotated);
                     st = self.lock();
                     r
                 }
@@ -192,10 +208,20 @@ impl Wal {
         }
     }
 
-    fn write_and_sync(file: &dyn VFile, at: u64, buf: &[u8], segments: &Segments) -> Result<()> {
+    fn write_and_sync(
+        &self,
+        file: &dyn VFile,
+        at: u64,
+        buf: &[u8],
+        segments: &Segments,
+        rotated: Vec<Rotated>,
+    ) -> Result<()> {
         // Only the value extents records may name; checkpoint writes in flight are the
         // checkpoint's to sync.
         segments.sync_values()?;
+        // Earlier generations first: no record of this one may be durable while one
+        // of theirs is not (replay reads them in order and stops at a gap).
+        self.write_rotated(rotated)?;
         if !buf.is_empty() {
             file.write_all_at(buf, at)?;
         }
@@ -203,45 +229,109 @@ impl Wal {
         Ok(())
     }
 
+    /// Writes and fsyncs the unwritten tails of rotated generations, oldest first.
+    /// The caller leads a sync (`sync_in_flight`) and has synced the value extents.
+    fn write_rotated(&self, rotated: Vec<Rotated>) -> Result<()> {
+        for old in rotated {
+            let file = match old.file {
+                Some(f) => f,
+                None => self.open_new(old.gen)?,
+            };
+            file.write_all_at(&old.buf, old.at)?;
+            file.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Makes the records of every rotated generation durable, and none of the
+    /// current one's: what a checkpoint needs before its superblock (the records it
+    /// covers, readable from the other slot should this one be damaged), without
+    /// making durable a record that must not be before the superblock is (a large
+    /// transaction's checkpoint-commit marker).
+    pub(crate) fn sync_rotated(&self, segments: &Segments) -> Result<()> {
+        let mut st = self.lock();
+        loop {
+            if st.rotated.is_empty() {
+                return Ok(());
+            }
+            if let Some(why) = &st.failed {
+                return Err(Error::Poisoned(why.clone()));
+            }
+            if !st.sync_in_flight {
+                break;
+            }
+            st = self
+                .synced
+                .wait(st)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        st.sync_in_flight = true;
+        let rotated = std::mem::take(&mut st.rotated);
+        drop(st);
+        let result = segments
+            .sync_values()
+            .and_then(|()| self.write_rotated(rotated));
+        let mut st = self.lock();
+        st.sync_in_flight = false;
+        if let Err(e) = &result {
+            st.failed = Some(e.to_string());
+        }
+        self.synced.notify_all();
+        result
+    }
+
     fn file_for_write(&self, st: &mut State) -> Result<(Arc<dyn VFile>, u64)> {
         if st.file.is_none() {
-            let name = file_name(st.gen);
-            let file = if self.vfs.exists(&name)? {
-                // A leftover of a crashed run: recovery already read what it held, and
-                // this generation starts after it. Truncate so its records cannot be
-                // mistaken for this run's (same salt).
-                let f = self.vfs.open(&name)?;
-                f.set_len(0)?;
-                f
-            } else if self.vfs.exists(SPARE_FILE)? {
-                self.vfs.rename(SPARE_FILE, &name)?;
-                let f = self.vfs.open(&name)?;
-                files::trim_spare(&*f)?;
-                f
-            } else {
-                let f = self.vfs.create(&name)?;
-                match f.write_all_at(&vec![0u8; PREALLOC_BYTES], 0) {
-                    // A nearly full disk: grow the file as records come instead,
-                    // so that a drop's small record still fits.
-                    Err(e) if e.kind() == std::io::ErrorKind::StorageFull => f.set_len(0)?,
-                    other => other?,
-                }
-                f.sync()?;
-                f
-            };
-            self.vfs.sync_dir()?;
-            st.file = Some(file);
+            st.file = Some(self.open_new(st.gen)?);
             st.file_end = 0;
         }
         Ok((st.file.clone().expect("just set"), st.file_end))
     }
 
-    /// Makes everything appended durable, then starts generation `gen + 1`. Called at
-    /// a checkpoint's freeze, under the writer lock, so no record is appended
-    /// concurrently. Returns the generation that was closed.
-    pub(crate) fn rotate(&self, segments: &Segments) -> Result<u64> {
-        let last = self.lock().last_lsn;
-        self.sync_to(last, segments)?;
+    /// Makes generation `gen`'s file, empty: the spare renamed, or a new one.
+    fn open_new(&self, gen: u64) -> Result<Arc<dyn VFile>> {
+        let name = file_name(gen);
+        let file = if self.vfs.exists(&name)? {
+            // A leftover of a crashed run: recovery already read what it held, and
+            // this generation starts after it. Truncate so its records cannot be
+            // mistaken for this run's (same salt).
+            let f = self.vfs.open(&name)?;
+            f.set_len(0)?;
+            f
+        } else if self.vfs.exists(SPARE_FILE)? {
+            self.vfs.rename(SPARE_FILE, &name)?;
+            let f = self.vfs.open(&name)?;
+            files::trim_spare(&*f)?;
+            f
+        } else {
+            let f = self.vfs.create(&name)?;
+            match f.write_all_at(&vec![0u8; PREALLOC_BYTES], 0) {
+                // A nearly full disk: grow the file as records come instead,
+                // so that a drop's small record still fits.
+                Err(e) if e.kind() == std::io::ErrorKind::StorageFull => f.set_len(0)?,
+                other => other?,
+            }
+            f.sync()?;
+            f
+        };
+        self.vfs.sync_dir()?;
+        Ok(file)
+    }
+
+    /// Starts generation `gen + 1`. Called at a checkpoint's freeze, under the writer
+    /// lock, so no record is appended concurrently. Returns the generation that was
+    /// closed.
+    ///
+    /// The closed generation's unwritten records are neither written nor fsynced
+    /// here: the freeze holds every writer (and every snapshot) while it runs, and
+    /// the value extents those records name must be synced first, which for a volume
+    /// written without flushes is hundreds of MB. The next group commit does it all
+    /// in order (`write_and_sync`: value extents, then the old generation, then the
+    /// new), so no record is durable before the extents it names or before an
+    /// earlier record; until then a crash loses only unacknowledged records, as
+    /// always. The checkpoint needs none of them durable: once its superblock is,
+    /// replay starts at `gen + 1`.
+    pub(crate) fn rotate(&self) -> Result<u64> {
         let mut st = self.lock();
         while st.sync_in_flight {
             st = self
@@ -251,6 +341,16 @@ impl Wal {
         }
         if let Some(why) = &st.failed {
             return Err(Error::Poisoned(why.clone()));
+        }
+        let file = st.file.take();
+        if !st.buf.is_empty() {
+            let rotated = Rotated {
+                gen: st.gen,
+                file,
+                at: st.file_end,
+                buf: std::mem::take(&mut st.buf),
+            };
+            st.rotated.push(rotated);
         }
         let closed = st.gen;
         st.gen += 1;
