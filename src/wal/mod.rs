@@ -331,14 +331,12 @@ impl Wal {
     /// earlier record; until then a crash loses only unacknowledged records, as
     /// always. The checkpoint needs none of them durable: once its superblock is,
     /// replay starts at `gen + 1`.
+    ///
+    /// Nor does it wait for a group commit in flight (which may be fsyncing hundreds of
+    /// MB of value extents): that leader writes only the records it took, at the
+    /// offsets it took, and the tail left here goes after them.
     pub(crate) fn rotate(&self) -> Result<u64> {
         let mut st = self.lock();
-        while st.sync_in_flight {
-            st = self
-                .synced
-                .wait(st)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-        }
         if let Some(why) = &st.failed {
             return Err(Error::Poisoned(why.clone()));
         }
