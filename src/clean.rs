@@ -75,10 +75,6 @@ const SHRINK_PASSES: usize = 3;
 /// not worth the moves.
 const AUTO_CLEAN_MIN_DEAD: u64 = 16 << 20;
 
-/// Nodes of dropped versions freed per step while the cleaner settles; the writer
-/// lock is lent to version operations between steps.
-const DROP_STEP_NODES: usize = 128;
-
 /// Automatic cleaning moves at most this much per run, so that no single checkpoint
 /// or close pays for a whole store's worth of cleaning.
 const AUTO_CLEAN_MAX_MOVED: u64 = 128 << 20;
@@ -502,7 +498,7 @@ fn settle_deletions(shared: &Shared) -> Result<()> {
 /// Lends the writer lock to version operations between drop steps and while its
 /// checkpoint writes (`engine::lend`).
 fn settle(shared: &Shared, w: &mut LendingGuard<'_>, force: bool) -> Result<()> {
-    while drop_step(w, shared.loader(), DROP_STEP_NODES)? {
+    while drop_step(w, shared.loader(), crate::versions::DROP_STEP_NODES)? {
         w.serve();
     }
     let durable_lsn = checkpoint::lock_durable_lending(shared, w)

@@ -251,13 +251,15 @@ impl Wal {
     pub(crate) fn sync_rotated(&self, segments: &Segments) -> Result<()> {
         let mut st = self.lock();
         loop {
-            if st.rotated.is_empty() {
-                return Ok(());
-            }
             if let Some(why) = &st.failed {
                 return Err(Error::Poisoned(why.clone()));
             }
+            // A group commit in flight may have taken the tails this needs: wait for
+            // it to finish them, then write what is left.
             if !st.sync_in_flight {
+                if st.rotated.is_empty() {
+                    return Ok(());
+                }
                 break;
             }
             st = self
