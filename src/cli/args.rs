@@ -263,6 +263,12 @@ pub enum Command {
         /// Listen on this TCP address, e.g. 127.0.0.1:10809.
         #[arg(long, value_name = "ADDR:PORT")]
         listen: Option<String>,
+        /// Poll a connection's socket for up to this many microseconds for its next
+        /// request before sleeping (adapting to the client; an idle connection does
+        /// not poll). Faster answers at queue depth 1 for some CPU; 0 turns it off.
+        #[arg(long, value_name = "MICROSECONDS", default_value_t = 64,
+              value_parser = clap::value_parser!(u64).range(0..=10_000))]
+        poll_max_us: u64,
     },
     /// A guided tour: create a store in a temporary directory, load data, read it
     /// back, show stats, make and compare versions, verify it, and explain each step.

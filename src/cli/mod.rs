@@ -27,6 +27,7 @@ use clap::Parser;
 use codec::Encoding;
 use error::{output_error, CliError, CliResult, EXIT_COMMITTED_WITH_WARNING, EXIT_OK};
 use std::io::Write;
+use std::time::Duration;
 
 /// Settings shared by every command, and what it has made durable so far.
 pub struct Ctx {
@@ -176,7 +177,15 @@ fn dispatch(cli: Cli) -> CliResult {
             dir,
             socket,
             listen,
-        } => serve::serve(&ctx, &mut out, dir, socket.as_deref(), listen.as_deref()),
+            poll_max_us,
+        } => serve::serve(
+            &ctx,
+            &mut out,
+            dir,
+            socket.as_deref(),
+            listen.as_deref(),
+            Duration::from_micros(*poll_max_us),
+        ),
     };
     // Whatever was printed before a failure still goes out.
     let flushed = out.flush().map_err(output_error);

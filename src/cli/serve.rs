@@ -26,13 +26,14 @@ use std::time::Duration;
 /// is given.
 const DEFAULT_SOCKET_NAME: &str = "nbd.sock";
 
-/// `cambium serve DIR [--socket PATH | --listen ADDR:PORT]`
+/// `cambium serve DIR [--socket PATH | --listen ADDR:PORT] [--poll-max-us N]`
 pub fn serve(
     ctx: &Ctx,
     out: &mut impl Write,
     dir: &Path,
     socket: Option<&Path>,
     listen: Option<&str>,
+    poll_max: Duration,
 ) -> CliResult {
     let opts = Options {
         lock_wait: lock_wait(),
@@ -50,7 +51,11 @@ pub fn serve(
         (None, Some(addr)) => Listen::Tcp(addr.to_owned()),
         (None, None) => unix(&dir.join(DEFAULT_SOCKET_NAME))?,
     };
-    let server = Server::bind(&listen, ServerOptions::default())
+    let server_opts = ServerOptions {
+        poll_max,
+        ..ServerOptions::default()
+    };
+    let server = Server::bind(&listen, server_opts)
         .map_err(|e| CliError::failure(format!("listen on {}: {e}", describe(&listen))))?;
     let control = Control::start(dir, store.clone())?;
     let stop = server.shutdown_handle();

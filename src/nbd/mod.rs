@@ -10,7 +10,8 @@
 //!   [`Server`] / [`ShutdownHandle`].
 //! - [`proto`]: wire constants and pure encode/decode functions.
 //! - `server`: listener, connection registry, shutdown.
-//! - `stream`: one socket (Unix or TCP) with an optional read deadline.
+//! - `stream`: one socket (Unix or TCP) with an optional read deadline, and the
+//!   adaptive polling of an idle connection.
 //! - `handshake`: option haggling up to transmission.
 //! - `transmission`: the request/reply loop.
 //! - [`memory`]: an in-memory [`Exports`] for tests and examples.
@@ -252,6 +253,11 @@ pub struct ServerOptions {
     /// whose payload cannot be skipped close the connection). Also reported
     /// as the maximum block size. Default 32 MiB.
     pub max_payload_bytes: u32,
+    /// How long a connection may poll its socket for the next request before
+    /// sleeping on it (the most; the window adapts to the client, and an idle
+    /// connection does not poll). Saves a sleep and a wake-up per request at queue
+    /// depth 1 for some CPU. Zero: never poll. Default 64 µs.
+    pub poll_max: Duration,
 }
 
 impl Default for ServerOptions {
@@ -260,6 +266,7 @@ impl Default for ServerOptions {
             max_connections: 256,
             handshake_timeout: Duration::from_secs(10),
             max_payload_bytes: 32 << 20,
+            poll_max: Duration::from_micros(64),
         }
     }
 }

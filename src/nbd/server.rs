@@ -268,6 +268,7 @@ fn serve_connection(stream: Stream, exports: &dyn Exports, opts: &ServerOptions)
         return Ok(());
     };
     r.get_mut().set_deadline(None)?;
+    r.get_mut().set_poll_max(opts.poll_max);
     transmission::serve(&mut r, &mut w, session, opts.max_payload_bytes)
 }
 

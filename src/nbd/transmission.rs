@@ -11,6 +11,7 @@ use std::io::{self, BufReader, BufWriter, Read, Write};
 
 use super::handshake::Session;
 use super::proto::{self, ChunkHeader, Descriptor, Request, SimpleReply};
+use super::stream::Stream;
 use super::{Errno, ExportError, ZeroFlags};
 
 /// Most extents asked of the export per NBD_CMD_BLOCK_STATUS.
@@ -22,8 +23,8 @@ const MAX_BATCH_BYTES: usize = 8 << 20;
 
 /// Serves requests until the client disconnects (NBD_CMD_DISC or EOF) or
 /// breaks the protocol. Errors only say why the connection ended.
-pub(super) fn serve<R: Read, W: Write>(
-    r: &mut BufReader<R>,
+pub(super) fn serve<W: Write>(
+    r: &mut BufReader<Stream>,
     w: &mut BufWriter<W>,
     session: Session,
     max_payload: u32,
@@ -61,10 +62,12 @@ struct Conn {
 }
 
 impl Conn {
-    fn run<R: Read, W: Write>(&mut self, r: &mut BufReader<R>, w: &mut W) -> io::Result<()> {
+    fn run<W: Write>(&mut self, r: &mut BufReader<Stream>, w: &mut W) -> io::Result<()> {
         loop {
             if !complete_request_buffered(r.buffer()) {
                 w.flush()?;
+                // The client has all our answers; its next request is the wait.
+                r.get_mut().poll_next_read();
             }
             let header: [u8; proto::REQUEST_LEN] = match proto::read_array(r) {
                 Ok(h) => h,
