@@ -32,6 +32,10 @@ impl Engine for Cambium {
         if let Some(b) = tuning.cambium_cache_bytes {
             opts.cache_bytes = b;
         }
+        if let Some(b) = tuning.cambium_dirty_bytes {
+            opts.checkpoint_dirty_bytes = b;
+            opts.txn_dirty_bytes = b;
+        }
         let store = cambium::Store::create_with(dir.join("store"), opts)?;
         Ok(Cambium { store })
     }

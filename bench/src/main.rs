@@ -40,6 +40,8 @@ USAGE: cargo run --release -p cambium-bench -- [FLAGS]
   --range-len N         entries read per range scan (default 10)
   --removals N          keys removed in one txn (default n/2)
   --cambium-cache-mib N override cambium's node cache in every configuration (diagnosis)
+  --cambium-dirty-mib N override cambium's dirty-node budgets (checkpoint_dirty_bytes and
+                        txn_dirty_bytes) in every configuration (diagnosis)
   --dir DIR             parent of the per-run temp directories (default $TMPDIR or /tmp)
   --json FILE           also write machine-readable results to FILE
   --keep                keep the database directories (default: deleted after each run)
@@ -73,6 +75,7 @@ struct Config {
     json: Option<PathBuf>,
     keep: bool,
     cambium_cache_bytes: Option<usize>,
+    cambium_dirty_bytes: Option<u64>,
     /// Set in a child process: the one (engine, configuration, round) it runs.
     child: Option<(String, bool, usize)>,
 }
@@ -101,6 +104,7 @@ impl Config {
         Tuning {
             equal,
             cambium_cache_bytes: self.cambium_cache_bytes,
+            cambium_dirty_bytes: self.cambium_dirty_bytes,
             map_bytes: workload::map_bytes(self.n),
         }
     }
@@ -142,6 +146,7 @@ fn parse_args() -> Result<Config, String> {
         json: None,
         keep: false,
         cambium_cache_bytes: None,
+        cambium_dirty_bytes: None,
         child: None,
     };
     let mut quick = false;
@@ -180,6 +185,9 @@ fn parse_args() -> Result<Config, String> {
             "--removals" => c.removals = Some(num(&a, args.next())?),
             "--cambium-cache-mib" => {
                 c.cambium_cache_bytes = Some(num::<usize>(&a, args.next())? << 20)
+            }
+            "--cambium-dirty-mib" => {
+                c.cambium_dirty_bytes = Some(num::<u64>(&a, args.next())? << 20)
             }
             "--dir" => c.dir = args.next().ok_or("--dir needs a value")?.into(),
             "--json" => c.json = Some(args.next().ok_or("--json needs a value")?.into()),
@@ -894,6 +902,13 @@ fn machine_header(c: &Config, mach: &BTreeMap<&'static str, String>) -> String {
             b >> 20
         );
     }
+    if let Some(b) = c.cambium_dirty_bytes {
+        let _ = writeln!(
+            o,
+            "- **non-default**: cambium checkpoint_dirty_bytes = txn_dirty_bytes = {} MiB",
+            b >> 20
+        );
+    }
     let _ = writeln!(
         o,
         "- {} round(s), each engine in its own child process, the order rotated per round; \
@@ -1254,6 +1269,7 @@ fn main() {
                 "full_scan_entries": c.scan_entries(),
                 "removals": c.removals(), "engines": c.engines, "dir": c.dir,
                 "cambium_cache_bytes_override": c.cambium_cache_bytes,
+                "cambium_dirty_bytes_override": c.cambium_dirty_bytes,
             },
             "configs": json,
         });

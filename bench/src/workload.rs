@@ -80,6 +80,8 @@ pub struct Tuning {
     pub equal: bool,
     /// Overrides cambium's `Options::cache_bytes` in either configuration (a diagnosis knob).
     pub cambium_cache_bytes: Option<usize>,
+    /// Overrides cambium's `checkpoint_dirty_bytes` and `txn_dirty_bytes` (a diagnosis knob).
+    pub cambium_dirty_bytes: Option<u64>,
     /// LMDB's and Sanakirja's map size: [`EQUAL_BUDGET`], or 1 KiB per key when that is
     /// larger (a 4 GiB map cannot hold 10M keys and a large removal transaction's copies).
     pub map_bytes: usize,
