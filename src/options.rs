@@ -2,7 +2,7 @@
 //! [`Durability`], with their defaults and why they are what they are.
 
 use crate::io::Vfs;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// How to open a store.
@@ -25,14 +25,19 @@ pub struct Options {
     /// 24/150-byte puts on the benchmark machine (a clean close checkpoints, so the
     /// next open replays nothing).
     pub checkpoint_wal_bytes: u64,
-    /// Checkpoint when this many bytes of committed nodes are dirty (512 MiB by
-    /// default: memory the writer holds beside the cache).
+    /// Checkpoint when this many bytes of committed nodes are dirty: memory the
+    /// writer holds beside the cache. The default is [`default_dirty_bytes`] (an
+    /// eighth of the machine's memory, 512 MiB to 4 GiB): every leaf a checkpoint
+    /// writes carries all the inserts it received since the last one, so the more
+    /// dirty leaves are held, the fewer times a random load rewrites each (10M random
+    /// keys in 200k-key transactions: 180 s at 512 MiB, 111 s at 3 GiB; see
+    /// BENCHMARKS.md).
     pub checkpoint_dirty_bytes: u64,
-    /// A write transaction whose own dirty nodes pass this many bytes (512 MiB by
-    /// default) writes them out to the segments before it commits (it then commits by
-    /// checkpoint, as a large one does), so its memory stays bounded whatever its
-    /// size. A spilled leaf the transaction touches again is written again, so a
-    /// budget below what one transaction dirties costs rewrites.
+    /// A write transaction whose own dirty nodes pass this many bytes writes them out
+    /// to the segments before it commits (it then commits by checkpoint, as a large
+    /// one does), so its memory stays bounded whatever its size. A spilled leaf the
+    /// transaction touches again is written again, so a budget below what one
+    /// transaction dirties costs rewrites. Default: [`default_dirty_bytes`].
     pub txn_dirty_bytes: u64,
     /// Checkpoint at least this often while there is anything to write.
     pub checkpoint_interval: Option<Duration>,
@@ -64,8 +69,8 @@ impl Default for Options {
         Options {
             cache_bytes: 1 << 30,
             checkpoint_wal_bytes: 512 << 20,
-            checkpoint_dirty_bytes: 512 << 20,
-            txn_dirty_bytes: 512 << 20,
+            checkpoint_dirty_bytes: default_dirty_bytes(),
+            txn_dirty_bytes: default_dirty_bytes(),
             checkpoint_interval: Some(Duration::from_secs(30)),
             background_checkpoints: true,
             read_only: false,
@@ -75,6 +80,38 @@ impl Default for Options {
             vfs: None,
         }
     }
+}
+
+/// The default of both dirty-node budgets ([`Options::checkpoint_dirty_bytes`],
+/// [`Options::txn_dirty_bytes`]): an eighth of the memory this process may use (the
+/// machine's, or its cgroup's limit if lower), at least 512 MiB and at most 4 GiB.
+/// Held only while that much is dirty (a bulk load); a writer may hold both at once,
+/// plus the set a background checkpoint is writing.
+pub fn default_dirty_bytes() -> u64 {
+    static BYTES: OnceLock<u64> = OnceLock::new();
+    *BYTES.get_or_init(|| {
+        let memory = [physical_memory(), cgroup_memory_limit()]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(0);
+        (memory / 8).clamp(512 << 20, 4 << 30)
+    })
+}
+
+/// `MemTotal` from /proc/meminfo (Linux), in bytes.
+fn physical_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// The cgroup v2 memory limit of this process's group, if it has one ("max" means
+/// none).
+fn cgroup_memory_limit() -> Option<u64> {
+    let text = std::fs::read_to_string("/sys/fs/cgroup/memory.max").ok()?;
+    text.trim().parse().ok()
 }
 
 impl std::fmt::Debug for Options {
@@ -105,4 +142,22 @@ pub enum Durability {
     /// `commit` returns at once; the transaction is atomic and visible, and becomes
     /// durable with the next checkpoint or the next `Immediate` commit. For bulk loads.
     Deferred,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dirty_budget_is_an_eighth_of_memory_within_bounds() {
+        let b = default_dirty_bytes();
+        assert!((512 << 20..=4 << 30).contains(&b), "{b}");
+        if let Some(m) = physical_memory() {
+            assert!(m > 0);
+            let limit = cgroup_memory_limit().map_or(m, |c| c.min(m));
+            assert_eq!(b, (limit / 8).clamp(512 << 20, 4 << 30));
+        }
+        let o = Options::default();
+        assert_eq!((o.checkpoint_dirty_bytes, o.txn_dirty_bytes), (b, b));
+    }
 }
