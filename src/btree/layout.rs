@@ -92,9 +92,83 @@ pub(crate) fn head_of(bytes: &[u8]) -> u64 {
     u64::from_be_bytes(p)
 }
 
+/// Orders two byte strings as `<[u8] as Ord>::cmp` does, eight bytes at a time in
+/// registers. Keys are short (a volume's are 9 bytes, the benchmark's 24), and a call
+/// into libc's `memcmp` for each took a fifth of a range read's time (`perf`, 1M keys).
+#[inline]
+pub(crate) fn cmp_bytes(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i < n {
+        // Zero-padded past `n`: both sides pad the same bytes, so a difference is a
+        // real one, and equal words leave the lengths to decide.
+        let (x, y) = (head_of(&a[i..n]), head_of(&b[i..n]));
+        if x != y {
+            return x.cmp(&y);
+        }
+        i += 8;
+    }
+    a.len().cmp(&b.len())
+}
+
+/// Binary search of the sorted entries `lo..hi` with `cmp(i)`, entry `i`'s key
+/// against the probe: `Ok(i)` where it is equal, else `Err(i)` where the probe would go.
+#[inline]
+pub(crate) fn search_run(
+    mut lo: usize,
+    mut hi: usize,
+    cmp: impl Fn(usize) -> std::cmp::Ordering,
+) -> Result<usize, usize> {
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        match cmp(mid) {
+            std::cmp::Ordering::Less => lo = mid + 1,
+            std::cmp::Ordering::Equal => return Ok(mid),
+            std::cmp::Ordering::Greater => hi = mid,
+        }
+    }
+    Err(lo)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cmp_bytes_orders_as_slices_do() {
+        let words: [&[u8]; 12] = [
+            b"",
+            b"\0",
+            b"\0\0",
+            b"a",
+            b"ab",
+            b"abcdefgh",
+            b"abcdefgh\0",
+            b"abcdefghi",
+            b"abcdefgi",
+            b"abcdefghijklmnopq",
+            b"abcdefghijklmnopr",
+            b"\xff\xff\xff\xff\xff\xff\xff\xff\xff",
+        ];
+        for a in words {
+            for b in words {
+                assert_eq!(cmp_bytes(a, b), a.cmp(b), "{a:?} vs {b:?}");
+            }
+        }
+        let mut rng = crate::io::sim::SplitMix(7);
+        for _ in 0..20_000 {
+            let mut gen = || {
+                let len = rng.below(20) as usize;
+                (0..len).map(|_| rng.below(3) as u8).collect::<Vec<u8>>()
+            };
+            let (a, b) = (gen(), gen());
+            assert_eq!(
+                cmp_bytes(&a, &b),
+                a.as_slice().cmp(b.as_slice()),
+                "{a:?} vs {b:?}"
+            );
+        }
+    }
 
     #[test]
     fn node_header_table_matches_the_code() {

@@ -26,7 +26,7 @@ use crate::format::{crc, len_u16, len_u32, put_u16, BlockRef};
 use std::sync::atomic::AtomicU8;
 use std::sync::{Arc, OnceLock, Weak};
 
-use super::layout::head_of;
+use super::layout::{cmp_bytes, head_of};
 pub(crate) use super::layout::{
     ValueRef, BRANCH_ENTRY_MAX, CRC_FROM, HEADER_SIZE, KIND_BRANCH, KIND_LEAF, LEAF_ENTRY_MAX,
     MAX_DEPTH, MERGE_MAX, NODE_MAGIC, NODE_MAX, NODE_MIN, OFF_COUNT, OFF_CRC, OFF_KIND, OFF_LEVEL,
@@ -135,7 +135,7 @@ pub(crate) struct Probe<'a> {
 impl Key {
     pub(crate) fn cmp_probe(&self, probe: &Probe<'_>) -> std::cmp::Ordering {
         match self.prefix.cmp(&probe.prefix) {
-            std::cmp::Ordering::Equal => (*self.bytes).cmp(probe.bytes),
+            std::cmp::Ordering::Equal => cmp_bytes(&self.bytes, probe.bytes),
             other => other,
         }
     }

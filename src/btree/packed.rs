@@ -26,8 +26,8 @@
 //! - a leaf's tags are `VALUE_INLINE` or `VALUE_EXTENT`; a branch has an entry.
 
 use super::layout::{
-    head_of, read_block_ref, ValueRef, CRC_FROM, HEADER_SIZE, KIND_BRANCH, KIND_LEAF, LEAF_KEY_AT,
-    MAX_DEPTH, NODE_MAGIC, VALUE_EXTENT, VALUE_INLINE,
+    cmp_bytes, head_of, read_block_ref, search_run, ValueRef, CRC_FROM, HEADER_SIZE, KIND_BRANCH,
+    KIND_LEAF, LEAF_KEY_AT, MAX_DEPTH, NODE_MAGIC, VALUE_EXTENT, VALUE_INLINE,
 };
 use super::leaf::LeafBuf;
 use crate::error::Result;
@@ -263,7 +263,7 @@ impl Packed {
             &self.bytes[at..at + p]
         };
         let n = p.min(key.len());
-        match key[..n].cmp(&shared[..n]) {
+        match cmp_bytes(&key[..n], &shared[..n]) {
             Ordering::Less => return Err(0),
             Ordering::Greater => return Err(self.slots.len()),
             // A key that is a proper prefix of the shared prefix sorts before them all.
@@ -274,17 +274,14 @@ impl Packed {
         let head = head32(rest);
         // Heads are non-decreasing: the entries below the probe are those whose head
         // is below its head, then those of equal head whose bytes are below.
-        let mut i = self.heads.iter().filter(|&&h| h < head).count();
-        while self.heads.get(i) == Some(&head) {
+        let lo = self.heads.iter().filter(|&&h| h < head).count();
+        // The entries that tie on the head are searched by halves (they can be many).
+        let hi = lo + self.heads[lo..].iter().take_while(|&&h| h == head).count();
+        search_run(lo, hi, |i| {
             let s = &self.slots[i];
             let at = s.key_at as usize;
-            match self.bytes[at + p..at + usize::from(s.key_len)].cmp(rest) {
-                Ordering::Less => i += 1,
-                Ordering::Equal => return Ok(i),
-                Ordering::Greater => return Err(i),
-            }
-        }
-        Err(i)
+            cmp_bytes(&self.bytes[at + p..at + usize::from(s.key_len)], rest)
+        })
     }
 }
 
