@@ -269,7 +269,7 @@ fn serve_connection(stream: Stream, exports: &dyn Exports, opts: &ServerOptions)
     };
     r.get_mut().set_deadline(None)?;
     r.get_mut().set_poll_max(opts.poll_max);
-    transmission::serve(&mut r, &mut w, session, opts.max_payload_bytes)
+    transmission::serve(&mut r, w, session, opts.max_payload_bytes)
 }
 
 fn bind_unix(path: &Path) -> io::Result<(Listener, WakeAddr)> {
