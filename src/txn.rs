@@ -169,6 +169,18 @@ impl<'s> WriteTxn<'s> {
     /// per value, and a large write goes to disk from another thread while this one
     /// updates the tree.
     pub fn put_many(&mut self, pairs: &[(&[u8], &[u8])]) -> Result<()> {
+        self.put_many_from(pairs, None)
+    }
+
+    /// [`WriteTxn::put_many`] for values that lie back to back in `run`, in order (a
+    /// volume write's blocks, slices of its payload): a large write then goes to disk
+    /// straight from `run` when `run` is aligned for it, without being copied first.
+    /// Pairs that are not laid out so are written as `put_many` writes them.
+    pub(crate) fn put_many_from(
+        &mut self,
+        pairs: &[(&[u8], &[u8])],
+        run: Option<&[u8]>,
+    ) -> Result<()> {
         for &(key, value) in pairs {
             check_key(key)?;
             check_value(value)?;
@@ -184,7 +196,7 @@ impl<'s> WriteTxn<'s> {
         }
         let segments = &self.shared.segments;
         let mut staged = segments
-            .stage_values(&large)
+            .stage_values(&large, run)
             .inspect_err(|e| self.fail(e))?;
         let extents = std::mem::take(&mut staged.refs);
         let (written, applied) = if staged.is_direct() {

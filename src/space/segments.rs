@@ -148,10 +148,24 @@ impl StagedValues<'_> {
 
 /// The bytes of a staged write.
 enum Payload<'v> {
-    /// One value, written from where it is.
+    /// One value, or several lying back to back in the caller's memory (at an
+    /// aligned address, when the write is direct), written from where they are.
     One(&'v [u8]),
     /// Several, laid out back to back (and aligned, for a direct write).
     Laid(AlignedBuf),
+}
+
+/// Whether `run` is exactly `values` back to back, in order (compared by address:
+/// the same bytes, not equal ones).
+fn is_laid_out(run: &[u8], values: &[&[u8]]) -> bool {
+    let mut next = run.as_ptr() as usize;
+    for v in values {
+        if v.as_ptr() as usize != next {
+            return false;
+        }
+        next += v.len();
+    }
+    next == run.as_ptr() as usize + run.len()
 }
 
 /// What is waiting for an fsync.
@@ -453,7 +467,7 @@ impl Segments {
         if values.is_empty() {
             return Ok(Vec::new());
         }
-        let mut staged = self.stage_values(values)?;
+        let mut staged = self.stage_values(values, None)?;
         let refs = std::mem::take(&mut staged.refs);
         self.write_staged(staged)?;
         Ok(refs)
@@ -469,11 +483,25 @@ impl Segments {
     /// skipped to reach it, and the tail padding that makes the write's length
     /// aligned, are dead space in the segment).
     /// `values` is not empty (staging nothing would still open a data segment).
-    pub(crate) fn stage_values<'v>(&self, values: &[&'v [u8]]) -> Result<StagedValues<'v>> {
+    ///
+    /// `run`, if given, may be the values back to back in the caller's memory (a
+    /// volume write's payload, its blocks in order): if it is, and its address and
+    /// length are aligned for a direct write, the write goes out from there instead of
+    /// being copied into the stream's buffer first. Anything else is ignored.
+    pub(crate) fn stage_values<'v>(
+        &self,
+        values: &[&'v [u8]],
+        run: Option<&'v [u8]>,
+    ) -> Result<StagedValues<'v>> {
         assert!(!self.read_only, "append on a read-only store");
         assert!(!values.is_empty(), "staging no values");
         let total: usize = values.iter().map(|v| v.len()).sum();
         let direct = total >= DIRECT_MIN_BYTES;
+        let in_place = run.filter(|run| {
+            direct
+                && is_laid_out(run, values)
+                && (run.as_ptr() as usize | run.len()).is_multiple_of(DIRECT_ALIGN)
+        });
         let mut app = self.appender(Kind::Data);
         let app = &mut *app;
         let padded = if direct {
@@ -491,8 +519,9 @@ impl Segments {
             app.end
         };
         app.end = at + padded as u64;
-        let payload = match values {
-            [one] if !direct => Payload::One(one),
+        let payload = match (values, in_place) {
+            (_, Some(run)) => Payload::One(run),
+            ([one], None) if !direct => Payload::One(one),
             _ => {
                 // The stream's buffer, lent to this write (a stream of large writes
                 // reuses one allocation); a write staged while another is out gets a
@@ -544,6 +573,7 @@ impl Segments {
             ..
         } = staged;
         match payload {
+            Payload::One(bytes) if direct => file.write_direct_at(bytes, at)?,
             Payload::One(bytes) => file.write_all_at(bytes, at)?,
             Payload::Laid(buf) => {
                 if direct {

@@ -256,3 +256,42 @@ fn the_highest_id_is_the_newest_file_of_either_kind() {
     let newer = segments.append(b"node").unwrap().addr.segment();
     assert!(segments.is_highest(newer) && !segments.is_highest(data));
 }
+
+/// A large append whose values lie back to back in an aligned run of the caller's
+/// memory goes out from there (no copy); values that are not that run, or a run at an
+/// unaligned address, are copied into the stream's buffer. Every way reads back whole.
+#[test]
+fn values_laid_out_in_an_aligned_run_are_written_in_place() {
+    let sim = SimVfs::new();
+    let segments = Segments::open(Arc::new(sim.clone()), false).unwrap();
+    let mut run = AlignedBuf::default();
+    for i in 0..(DIRECT_MIN_BYTES / 4096 + 1) as u32 {
+        run.extend_from_slice(&[i as u8; 4096]);
+    }
+    let run = run.as_slice();
+    let in_run: Vec<&[u8]> = run.chunks_exact(4096).collect();
+    let copies: Vec<Vec<u8>> = in_run.iter().map(|v| v.to_vec()).collect();
+    let elsewhere: Vec<&[u8]> = copies.iter().map(Vec::as_slice).collect();
+    // The same bytes one past an aligned address.
+    let mut shifted = vec![0u8; run.len() + 1];
+    shifted[1..].copy_from_slice(run);
+    let unaligned = &shifted[1..];
+    let unaligned_values: Vec<&[u8]> = unaligned.chunks_exact(4096).collect();
+    let cases: [(&[&[u8]], Option<&[u8]>, bool); 5] = [
+        (&in_run, Some(run), true),
+        (&elsewhere, Some(run), false),
+        (&in_run, None, false),
+        (&unaligned_values, Some(unaligned), false),
+        (&in_run[1..], Some(run), false),
+    ];
+    for (values, hint, in_place) in cases {
+        let mut staged = segments.stage_values(values, hint).unwrap();
+        let went_in_place = matches!(&staged.payload, Payload::One(p) if p.len() > 4096);
+        assert_eq!(went_in_place, in_place);
+        let refs = std::mem::take(&mut staged.refs);
+        segments.write_staged(staged).unwrap();
+        for (r, v) in refs.iter().zip(values.iter()) {
+            assert_eq!(segments.read(*r, "value").unwrap(), *v);
+        }
+    }
+}

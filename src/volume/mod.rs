@@ -224,13 +224,13 @@ impl Volume {
         // Blocks to store wait here to go out together (one segment write), in
         // order; anything that must see them (a partial block's read, a delete)
         // sends them first.
-        let mut pending: Vec<(BlockKey, Cow<[u8]>)> = Vec::new();
+        let mut pending = Pending::default();
         for &(offset, data) in writes {
             for p in pieces(offset, data.len(), self.header.block_size) {
                 let src = &data[p.at..p.at + p.len];
                 let key = block_key(p.block);
                 if p.is_whole(bs) && !is_zero(src) {
-                    pending.push((key, Cow::Borrowed(src)));
+                    pending.push_borrowed(key, data, p.at..p.at + p.len);
                     continue;
                 }
                 put_pending(&mut txn, &mut pending)?;
@@ -244,7 +244,7 @@ impl Volume {
                 if is_zero(&block) {
                     txn.delete(&key)?;
                 } else {
-                    pending.push((key, Cow::Owned(block)));
+                    pending.push_owned(key, block);
                 }
             }
         }
@@ -620,14 +620,53 @@ fn put_block(txn: &mut WriteTxn<'_>, key: &[u8], block: &[u8]) -> Result<()> {
     }
 }
 
+/// Blocks waiting to go out together, in order, and whether they are one run of a
+/// write's payload (so the segment write can go out from the payload itself).
+#[derive(Default)]
+struct Pending<'d> {
+    blocks: Vec<(BlockKey, Cow<'d, [u8]>)>,
+    /// The payload and the range of it the blocks cover, while they are all
+    /// consecutive slices of one payload.
+    run: Option<(&'d [u8], std::ops::Range<usize>)>,
+}
+
+impl<'d> Pending<'d> {
+    /// Adds `data[range]`, a whole block of a write's payload.
+    fn push_borrowed(&mut self, key: BlockKey, data: &'d [u8], range: std::ops::Range<usize>) {
+        let extends = match &mut self.run {
+            Some((d, r)) if std::ptr::eq(*d, data) && r.end == range.start => {
+                r.end = range.end;
+                true
+            }
+            _ => false,
+        };
+        if !extends {
+            self.run = self.blocks.is_empty().then(|| (data, range.clone()));
+        }
+        self.blocks.push((key, Cow::Borrowed(&data[range])));
+    }
+
+    /// Adds a block made here (a merged partial block).
+    fn push_owned(&mut self, key: BlockKey, block: Vec<u8>) {
+        self.run = None;
+        self.blocks.push((key, Cow::Owned(block)));
+    }
+}
+
 /// Puts the blocks waiting in `pending`, in order, in one segment write.
-fn put_pending(txn: &mut WriteTxn<'_>, pending: &mut Vec<(BlockKey, Cow<[u8]>)>) -> Result<()> {
-    if pending.is_empty() {
+fn put_pending(txn: &mut WriteTxn<'_>, pending: &mut Pending<'_>) -> Result<()> {
+    if pending.blocks.is_empty() {
         return Ok(());
     }
-    let pairs: Vec<(&[u8], &[u8])> = pending.iter().map(|(k, v)| (&k[..], &v[..])).collect();
-    txn.put_many(&pairs)?;
-    pending.clear();
+    let pairs: Vec<(&[u8], &[u8])> = pending
+        .blocks
+        .iter()
+        .map(|(k, v)| (&k[..], &v[..]))
+        .collect();
+    let run = pending.run.as_ref().map(|(data, r)| &data[r.clone()]);
+    txn.put_many_from(&pairs, run)?;
+    pending.blocks.clear();
+    pending.run = None;
     Ok(())
 }
 
