@@ -277,7 +277,9 @@ fn values_laid_out_in_an_aligned_run_are_written_in_place() {
     shifted[1..].copy_from_slice(run);
     let unaligned = &shifted[1..];
     let unaligned_values: Vec<&[u8]> = unaligned.chunks_exact(4096).collect();
-    let cases: [(&[&[u8]], Option<&[u8]>, bool); 5] = [
+    /// Values, the run hinted, whether they go out in place.
+    type Case<'a> = (&'a [&'a [u8]], Option<&'a [u8]>, bool);
+    let cases: [Case; 5] = [
         (&in_run, Some(run), true),
         (&elsewhere, Some(run), false),
         (&in_run, None, false),
