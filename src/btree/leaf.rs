@@ -185,6 +185,14 @@ impl LeafBuf {
     /// where it would go.
     pub(crate) fn search(&self, key: &[u8]) -> Result<usize, usize> {
         let head = head_of(key);
+        // Keys in order (a bulk load, a volume written front to back) go past the last
+        // entry: one comparison instead of a scan of every head.
+        if let Some(last) = self.heads.len().checked_sub(1) {
+            let h = self.heads[last];
+            if head > h || (head == h && cmp_bytes(self.key(last), key).is_lt()) {
+                return Err(self.heads.len());
+            }
+        }
         // Heads are non-decreasing (keys are sorted): the entries below the probe are
         // those of a smaller head, then those of an equal head whose bytes are below.
         let lo = self.heads.iter().filter(|&&h| h < head).count();
