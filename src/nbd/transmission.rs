@@ -260,18 +260,19 @@ impl Conn {
         let mut payload = std::mem::take(&mut self.spare);
         r.read_exact(payload.resize(req.len as usize))?;
         self.settle()?;
-        let Some(export) = self.export.take() else {
-            unreachable!("settled");
-        };
         if let Err(e) = self.check(req, Errno::NoSpc, true) {
-            self.export = Some(export);
             self.spare = payload;
             return self.reply(req, Err(e));
         }
-        if self.lander.is_none() {
-            self.lander = Some(Lander::start(self.out.clone(), self.structured)?);
-        }
-        let lander = self.lander.as_ref().expect("started above");
+        // Started before the export leaves this thread, so a failure to start loses
+        // nothing.
+        let lander = match &mut self.lander {
+            Some(lander) => lander,
+            none => none.insert(Lander::start(self.out.clone(), self.structured)?),
+        };
+        let Some(export) = self.export.take() else {
+            unreachable!("settled above");
+        };
         let landing = Landing {
             export,
             req,
@@ -281,7 +282,11 @@ impl Conn {
         lander
             .to_land
             .send(landing)
-            .map_err(|_| io::Error::other("the lander thread is gone"))
+            .map_err(|mpsc::SendError(back)| {
+                // The lander is gone (it panicked); keep the export for the goodbye.
+                self.export = Some(back.export);
+                io::Error::other("the lander thread is gone")
+            })
     }
 
     /// Waits for the write landing, if any, and takes the export back; an error if
@@ -290,10 +295,10 @@ impl Conn {
         if self.export.is_some() {
             return Ok(());
         }
-        let lander = self
-            .lander
-            .as_ref()
-            .expect("the export is out only with a lander");
+        // The export is out only with a lander (`land`).
+        let Some(lander) = &self.lander else {
+            return Err(io::Error::other("the export is gone"));
+        };
         let l = lander
             .landed
             .recv()
