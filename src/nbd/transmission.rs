@@ -308,13 +308,8 @@ impl Conn {
         l.answered
     }
 
-    /// The export, which [`Conn::settle`] brought back before any request that
-    /// uses it.
     fn export(&mut self) -> &mut dyn Export {
-        match self.export.as_deref_mut() {
-            Some(e) => e,
-            None => unreachable!("settled before every use"),
-        }
+        present(&mut self.export)
     }
 
     /// Reads a write's payload into `buf`. An oversized payload is skipped
@@ -372,10 +367,10 @@ impl Conn {
                 fua |= req.flags & proto::CMD_FLAG_FUA != 0;
             }
         }
-        let applied = match self.export.as_deref_mut() {
-            _ if writes.is_empty() => Ok(()),
-            Some(export) => export.write_batch(&writes, fua),
-            None => unreachable!("settled before every use"),
+        let applied = if writes.is_empty() {
+            Ok(())
+        } else {
+            present(&mut self.export).write_batch(&writes, fua)
         };
         for (req, check) in reqs.into_iter().zip(checks) {
             let result = check.and_then(|()| applied.clone()).map(|()| Reply::Empty);
@@ -388,11 +383,7 @@ impl Conn {
         self.check(req, Errno::NoSpc, true)?;
         if req.len > 0 {
             let fua = req.flags & proto::CMD_FLAG_FUA != 0;
-            let Conn { export, buf, .. } = self;
-            match export.as_deref_mut() {
-                Some(export) => export.write(req.offset, buf, fua)?,
-                None => unreachable!("settled before every use"),
-            }
+            present(&mut self.export).write(req.offset, &self.buf, fua)?;
         }
         Ok(Reply::Empty)
     }
@@ -454,11 +445,7 @@ impl Conn {
         self.check(req, Errno::Inval, false)?;
         self.buf.resize(req.len as usize, 0);
         if req.len > 0 {
-            let Conn { export, buf, .. } = self;
-            match export.as_deref_mut() {
-                Some(export) => export.read(req.offset, buf)?,
-                None => unreachable!("settled before every use"),
-            }
+            present(&mut self.export).read(req.offset, &mut self.buf)?;
         }
         Ok(Reply::Data)
     }
@@ -514,6 +501,15 @@ impl Conn {
                 w.write_all(&payload)
             }
         }
+    }
+}
+
+/// The connection's export, which [`Conn::settle`] brought back before any request
+/// that uses it (it is out only while a large write lands).
+fn present(export: &mut Option<Box<dyn Export>>) -> &mut dyn Export {
+    match export.as_deref_mut() {
+        Some(e) => e,
+        None => unreachable!("settled before every use"),
     }
 }
 
