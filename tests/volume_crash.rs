@@ -1,7 +1,7 @@
 //! Volumes under simulated power loss, on the crash simulator (`SimVfs`).
 //!
 //! A seeded workload of NBD-like operations (batches of writes with partial blocks
-//! and zero blocks, write-zeroes, trims, flushes, FUA writes, snapshots, checkpoints)
+//! and zero blocks, large page-aligned writes that go to disk from the caller's buffer, write-zeroes, trims, flushes, FUA writes, snapshots, checkpoints)
 //! runs on a volume; the disk freezes at a random I/O operation (a persistent I/O
 //! fault, so the operation in flight fails part way), and `SimVfs::crash` makes the
 //! post-power-loss image (unsynced writes kept, dropped or torn per the seed).
@@ -23,7 +23,10 @@ use cambium::{Durability, Store};
 use common::*;
 
 const BS: u64 = 4096;
-const BLOCKS: u64 = 48;
+const BLOCKS: u64 = 96;
+/// Whole blocks in a large write: past the size that goes to disk with `O_DIRECT`
+/// (256 KiB), from the caller's buffer when it is page-aligned.
+const LARGE_BLOCKS: u64 = 72;
 
 /// What the volume must read as after each attempted operation.
 struct History {
@@ -60,20 +63,44 @@ fn random_write(rng: &mut Rng) -> (u64, Vec<u8>) {
     (offset, data)
 }
 
+/// A large write of whole blocks, its bytes at a page-aligned address inside the
+/// returned buffer (as the NBD server receives one): the segment write then goes out
+/// from the buffer itself. Returns the offset, the buffer and where in it the bytes are.
+fn large_write(rng: &mut Rng) -> (u64, Vec<u8>, std::ops::Range<usize>) {
+    let offset = rng.below(BLOCKS - LARGE_BLOCKS + 1) * BS;
+    let len = (LARGE_BLOCKS * BS) as usize;
+    let mut buf = vec![0u8; len + 4096];
+    let start = buf.as_ptr().align_offset(4096).min(4096);
+    buf[start..start + len].copy_from_slice(&rng.bytes(len));
+    (offset, buf, start..start + len)
+}
+
 /// Runs the workload until it ends or an operation fails (the disk froze).
 fn run(store: &Store, vol: &Volume, rng: &mut Rng, steps: usize, hist: &mut History) {
     let mut model = hist.states.last().cloned().unwrap_or_default();
     for step in 0..steps {
         let result = match rng.below(10) {
             0..=4 => {
-                let writes: Vec<(u64, Vec<u8>)> =
-                    (0..rng.range(1, 4)).map(|_| random_write(rng)).collect();
+                let writes: Vec<(u64, Vec<u8>, std::ops::Range<usize>)> = if rng.chance(1, 8) {
+                    vec![large_write(rng)]
+                } else {
+                    (0..rng.range(1, 4))
+                        .map(|_| {
+                            let (offset, data) = random_write(rng);
+                            let all = 0..data.len();
+                            (offset, data, all)
+                        })
+                        .collect()
+                };
                 let fua = rng.chance(1, 6);
-                for (offset, data) in &writes {
+                let refs: Vec<(u64, &[u8])> = writes
+                    .iter()
+                    .map(|(o, d, range)| (*o, &d[range.clone()]))
+                    .collect();
+                for (offset, data) in &refs {
                     model[*offset as usize..*offset as usize + data.len()].copy_from_slice(data);
                 }
                 hist.push(model.clone());
-                let refs: Vec<(u64, &[u8])> = writes.iter().map(|(o, d)| (*o, &d[..])).collect();
                 let durability = if fua {
                     Durability::Immediate
                 } else {
