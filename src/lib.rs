@@ -105,7 +105,7 @@ pub use format::FORMAT_VERSION;
 pub use limits::{
     check_key, check_value, prefix_successor, INLINE_VALUE_MAX, MAX_KEY_LEN, MAX_VALUE_LEN,
 };
-pub use options::{default_dirty_bytes, Durability, Options};
+pub use options::{default_cache_bytes, default_dirty_bytes, Durability, Options};
 pub use refs::{BlockAddress, BlockKind, BlockRefs};
 pub use stats::Stats;
 pub use store::Store;

@@ -10,12 +10,14 @@ use std::time::Duration;
 pub struct Options {
     /// Page cache budget in bytes: what the cached nodes occupy in memory, about 1.1
     /// times their size on disk (a node's bytes, 12 bytes per entry, ~150 bytes of
-    /// bookkeeping). The default, 1 GiB (redb's default too), holds ~930 MiB of tree
-    /// (about four million 24-byte keys with 150-byte values), and takes memory only
-    /// as nodes are read; give it 1.1 times the tree's size for reads that never wait
-    /// on the disk. (A miss costs a `pread`, a checksum, a parse and an eviction,
-    /// about 4–5 µs for an 8 KiB node on the benchmark machine, five times a hit:
-    /// see BENCHMARKS.md.)
+    /// bookkeeping). The default is [`default_cache_bytes`]: a quarter of the memory
+    /// this process may use, at least 1 GiB (redb's default), which takes memory only
+    /// as nodes are read. Give it 1.1 times the tree's size for reads that never wait
+    /// on a `pread`: a miss costs a `pread`, a checksum, a parse and an eviction,
+    /// several hits' worth even when the OS has the node in its page cache (see
+    /// BENCHMARKS.md), so a cache smaller than the tree spends the machine's memory
+    /// twice, once here and once in the OS's page cache, and reads at a few times
+    /// the cost of a hit.
     pub cache_bytes: usize,
     /// Checkpoint when this much WAL has accumulated since the last one. The default,
     /// 512 MiB (RocksDB's and PostgreSQL's WAL budgets are of this order), lets the
@@ -67,7 +69,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
-            cache_bytes: 1 << 30,
+            cache_bytes: default_cache_bytes(),
             checkpoint_wal_bytes: 512 << 20,
             checkpoint_dirty_bytes: default_dirty_bytes(),
             txn_dirty_bytes: default_dirty_bytes(),
@@ -82,6 +84,22 @@ impl Default for Options {
     }
 }
 
+/// The default page cache budget ([`Options::cache_bytes`]): a quarter of the memory
+/// this process may use (the machine's, or its cgroup's limit if lower), at least
+/// 1 GiB. A budget, not an allocation: nodes take it as they are read, so a small
+/// store costs what its tree occupies. A quarter because, unlike a memory-mapped
+/// engine, cambium reads through its own cache; a store that outgrows it but not
+/// the machine's memory is read at `pread` speed, which WiredTiger's half of the
+/// memory and the quarter usually given to PostgreSQL's buffers also avoid. With
+/// the dirty budgets (an eighth each) a writer's worst case is half the memory.
+pub fn default_cache_bytes() -> usize {
+    static BYTES: OnceLock<usize> = OnceLock::new();
+    *BYTES.get_or_init(|| {
+        let quarter = usize::try_from(usable_memory() / 4).unwrap_or(usize::MAX);
+        quarter.max(1 << 30)
+    })
+}
+
 /// The default of both dirty-node budgets ([`Options::checkpoint_dirty_bytes`],
 /// [`Options::txn_dirty_bytes`]): an eighth of the memory this process may use (the
 /// machine's, or its cgroup's limit if lower), at least 512 MiB and at most 4 GiB.
@@ -89,14 +107,17 @@ impl Default for Options {
 /// plus the set a background checkpoint is writing.
 pub fn default_dirty_bytes() -> u64 {
     static BYTES: OnceLock<u64> = OnceLock::new();
-    *BYTES.get_or_init(|| {
-        let memory = [physical_memory(), cgroup_memory_limit()]
-            .into_iter()
-            .flatten()
-            .min()
-            .unwrap_or(0);
-        (memory / 8).clamp(512 << 20, 4 << 30)
-    })
+    *BYTES.get_or_init(|| (usable_memory() / 8).clamp(512 << 20, 4 << 30))
+}
+
+/// The memory this process may use: the machine's, or its cgroup's limit if lower
+/// (0 if neither is known, which the defaults' floors then decide).
+fn usable_memory() -> u64 {
+    [physical_memory(), cgroup_memory_limit()]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(0)
 }
 
 /// `MemTotal` from /proc/meminfo (Linux), in bytes.
@@ -159,5 +180,16 @@ mod tests {
         }
         let o = Options::default();
         assert_eq!((o.checkpoint_dirty_bytes, o.txn_dirty_bytes), (b, b));
+    }
+
+    #[test]
+    fn the_cache_is_a_quarter_of_memory_and_at_least_a_gib() {
+        let c = default_cache_bytes();
+        assert!(c >= 1 << 30, "{c}");
+        if let Some(m) = physical_memory() {
+            let limit = cgroup_memory_limit().map_or(m, |l| l.min(m));
+            assert_eq!(c as u64, (limit / 4).max(1 << 30));
+        }
+        assert_eq!(Options::default().cache_bytes, c);
     }
 }

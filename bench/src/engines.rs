@@ -23,8 +23,9 @@ impl Engine for Cambium {
     const NAME: &'static str = "cambium";
 
     fn create(dir: &Path, tuning: &Tuning) -> Res<Self> {
-        // Default options (1 GiB cache, background checkpoints on); the equal
-        // configuration gives the node cache the peers' 4 GiB.
+        // Default options (a node cache of a quarter of memory, at least 1 GiB;
+        // background checkpoints on); the equal configuration gives the node cache the
+        // peers' 4 GiB.
         let mut opts = cambium::Options::default();
         if tuning.equal {
             opts.cache_bytes = EQUAL_BUDGET;

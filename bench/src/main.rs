@@ -924,7 +924,8 @@ fn config_text(equal: bool) -> &'static str {
         "equal budget: cambium's node cache 4 GiB, redb's cache 4 GiB, LMDB's map 4 GiB, \
          Sanakirja's initial map 4 GiB"
     } else {
-        "each engine's defaults: cambium `Options::default()` (1 GiB node cache), redb \
+        "each engine's defaults: cambium `Options::default()` (node cache a quarter of \
+         memory, at least 1 GiB), redb \
          `Builder::new()` (1 GiB cache); LMDB and Sanakirja have no cache of their own and \
          keep their 4 GiB map (LMDB's default 10 MiB map cannot hold the data)"
     }
