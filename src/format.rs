@@ -6,7 +6,7 @@
 #![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 
 use crate::error::{Error, Result};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -204,6 +204,9 @@ pub(crate) struct AddrHasher(u64);
 
 /// A hash map keyed by addresses (or other well-spread integers).
 pub(crate) type AddrMap<K, V> = HashMap<K, V, BuildHasherDefault<AddrHasher>>;
+
+/// A hash set of addresses (or other well-spread integers).
+pub(crate) type AddrSet<K> = HashSet<K, BuildHasherDefault<AddrHasher>>;
 
 impl Hasher for AddrHasher {
     fn finish(&self) -> u64 {

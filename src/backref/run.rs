@@ -228,15 +228,25 @@ impl Run {
             .map_or(0, |s| s.partition_point(|r| r.child.0 < lo))
     }
 
-    /// The records whose child is `child`, skipping the search when the Bloom filter
-    /// rules it out.
+    /// The `Gone` records, in parent order.
+    fn gone_records(&self) -> &[Record] {
+        self.range(&(GONE_CHILD.0..=GONE_CHILD.0))
+    }
+
     /// Whether this run records that `parent` was freed.
     pub(crate) fn gone(&self, parent: Addr) -> bool {
-        self.range(&(GONE_CHILD.0..=GONE_CHILD.0))
+        self.gone_records()
             .binary_search_by_key(&parent, |r| r.parent)
             .is_ok()
     }
 
+    /// Every parent this run records as freed.
+    pub(crate) fn gone_parents(&self) -> impl Iterator<Item = Addr> + '_ {
+        self.gone_records().iter().map(|r| r.parent)
+    }
+
+    /// The records whose child is `child`, skipping the search when the Bloom filter
+    /// rules it out.
     pub(crate) fn point(&self, child: Addr) -> &[Record] {
         if !self.bloom.may_contain(child.0) {
             return &[];
