@@ -241,13 +241,21 @@ impl Store {
     /// waiting for the WAL fsync (the snapshot is visible at once and durable with the
     /// next fsync or checkpoint), for callers that make many at a time.
     pub fn snapshot_with(&self, source: &str, name: &str, durability: Durability) -> Result<()> {
-        versions::make_version(
-            &self.shared,
-            Some(source),
-            name,
-            VersionKind::Snapshot,
-            durability,
-        )
+        self.copy_version(source, name, VersionKind::Snapshot, durability)
+            .map(|_| ())
+    }
+
+    /// A snapshot or clone of `source`; returns when it came to exist (under the
+    /// writer lock, before it was made durable): what `cambium volume snapshot`
+    /// reports as the pause.
+    pub(crate) fn copy_version(
+        &self,
+        source: &str,
+        name: &str,
+        kind: VersionKind,
+        durability: Durability,
+    ) -> Result<std::time::Instant> {
+        versions::make_version(&self.shared, Some(source), name, kind, durability)
     }
 
     /// Makes a writable clone `name` of `source` (a branch or a snapshot), in constant
@@ -258,13 +266,8 @@ impl Store {
 
     /// [`Store::branch`] with a choice of durability (see [`Store::snapshot_with`]).
     pub fn branch_with(&self, source: &str, name: &str, durability: Durability) -> Result<()> {
-        versions::make_version(
-            &self.shared,
-            Some(source),
-            name,
-            VersionKind::Branch,
-            durability,
-        )
+        self.copy_version(source, name, VersionKind::Branch, durability)
+            .map(|_| ())
     }
 
     /// Makes a new, empty branch `name`, made from no other version (a volume's tree
@@ -285,6 +288,7 @@ impl Store {
     /// [`Store::create_branch`] with a choice of durability (see [`Store::snapshot_with`]).
     pub fn create_branch_with(&self, name: &str, durability: Durability) -> Result<()> {
         versions::make_version(&self.shared, None, name, VersionKind::Branch, durability)
+            .map(|_| ())
     }
 
     /// Makes every transaction committed so far durable (those committed with

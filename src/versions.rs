@@ -49,6 +49,7 @@ use crate::wal::{Record, VersionOp};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// One version of the store, as `Store::versions` reports it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -176,19 +177,22 @@ pub(crate) const DROP_STEP_NODES: usize = 256;
 
 /// Makes version `name` of `source`: one logged record and one more reference on the
 /// source's root; constant time.
+/// Returns when the version came to exist: the moment it was made under the writer
+/// lock, holding every commit before it (what a writer may have waited for; making it
+/// durable comes after, and so may the caller's thread's next turn on a busy CPU).
 pub(crate) fn make_version(
     shared: &Shared,
     source: Option<&str>,
     name: &str,
     kind: VersionKind,
     durability: Durability,
-) -> Result<()> {
+) -> Result<Instant> {
     check_version_name(name)?;
     let source = source.map(str::to_owned);
     let name = name.to_owned();
     // Lent when the cleaner holds the writer lock: making a version dirties no node,
     // and a snapshot of a busy volume must not wait for a cleaner round.
-    let logged = shared.with_writer_lent(move |shared, w| {
+    let (logged, made) = shared.with_writer_lent(move |shared, w| {
         let source_id = match source {
             None => None,
             Some(source) => Some(
@@ -218,9 +222,10 @@ pub(crate) fn make_version(
         let ((), logged) = log_and_apply(shared, w, &record, |w, lsn| {
             engine::create_version(w, &op, lsn)
         })?;
-        Ok(logged)
+        Ok((logged, Instant::now()))
     })?;
-    logged.publish(shared, durability)
+    logged.publish(shared, durability)?;
+    Ok(made)
 }
 
 /// Removes version `name`; the walk that frees its nodes runs in the background.

@@ -38,7 +38,7 @@ pub fn execute(store: &Store, request: &Request) -> CliResult<Outcome> {
         Request::VolumeList => list(store),
         Request::VolumeSnapshot { volume, name } => {
             let (pause, durable) = timed(store, || {
-                Volume::snapshot_with(store, volume, name, Durability::Deferred)
+                Volume::snapshot_timed(store, volume, name, Durability::Deferred)
             })?;
             Outcome::new(
                 format!(
@@ -52,7 +52,7 @@ pub fn execute(store: &Store, request: &Request) -> CliResult<Outcome> {
         }
         Request::VolumeClone { source, name } => {
             let (pause, durable) = timed(store, || {
-                Volume::clone_with(store, source, name, Durability::Deferred)
+                Volume::clone_timed(store, source, name, Durability::Deferred)
             })?;
             Outcome::new(
                 format!(
@@ -93,16 +93,17 @@ pub fn execute(store: &Store, request: &Request) -> CliResult<Outcome> {
 
 /// Runs `make` (a snapshot or clone made with deferred durability), then makes it
 /// durable: returns the time until it existed (holding every write answered
-/// before it; what writers may have waited for) and the time until it was durable
-/// (the fsync of everything written since the last flush, which writers do not
-/// wait for).
+/// before it: the moment it was made under the writer lock, which is what writers
+/// may have waited for, not when this thread next ran) and the time until it was
+/// durable (the fsync of everything written since the last flush, which writers do
+/// not wait for).
 fn timed(
     store: &Store,
-    make: impl FnOnce() -> Result<Volume, cambium::Error>,
+    make: impl FnOnce() -> Result<(Volume, Instant), cambium::Error>,
 ) -> CliResult<(Duration, Duration)> {
     let started = Instant::now();
-    make()?;
-    let made = started.elapsed();
+    let (_, existed) = make()?;
+    let made = existed.saturating_duration_since(started);
     store.sync()?;
     Ok((made, started.elapsed()))
 }

@@ -46,6 +46,7 @@ use blocks::{block_key, block_of, is_zero, pieces, BlockKey, Piece};
 use header::{check_size, Header, HEADER_KEY};
 use serde::Serialize;
 use std::borrow::Cow;
+use std::time::Instant;
 
 /// How many blocks one `allocation` call visits at most.
 const ALLOCATION_KEYS_MAX: u32 = 1 << 16;
@@ -435,12 +436,45 @@ impl Volume {
         kind: VersionKind,
         durability: Durability,
     ) -> Result<Volume> {
+        Volume::copy_timed(store, source, name, kind, durability).map(|(vol, _)| vol)
+    }
+
+    /// [`Volume::snapshot_with`], also returning the moment the snapshot came to
+    /// exist: made under the writer lock, holding every write committed before it.
+    /// What writers may have waited for ends there; making it durable comes after,
+    /// and so, on a busy machine, may this thread's next turn on a CPU. `cambium
+    /// volume snapshot` reports the time from the call to this moment.
+    pub fn snapshot_timed(
+        store: &Store,
+        source: &str,
+        name: &str,
+        durability: Durability,
+    ) -> Result<(Volume, Instant)> {
+        Volume::copy_timed(store, source, name, VersionKind::Snapshot, durability)
+    }
+
+    /// [`Volume::clone_with`], also returning the moment the clone came to exist
+    /// (see [`Volume::snapshot_timed`]).
+    pub fn clone_timed(
+        store: &Store,
+        source: &str,
+        name: &str,
+        durability: Durability,
+    ) -> Result<(Volume, Instant)> {
+        Volume::copy_timed(store, source, name, VersionKind::Branch, durability)
+    }
+
+    /// [`Volume::copy`], also returning when the copy came to exist.
+    fn copy_timed(
+        store: &Store,
+        source: &str,
+        name: &str,
+        kind: VersionKind,
+        durability: Durability,
+    ) -> Result<(Volume, Instant)> {
         Volume::open(store, source)?;
-        match kind {
-            VersionKind::Snapshot => store.snapshot_with(source, name, durability)?,
-            VersionKind::Branch => store.branch_with(source, name, durability)?,
-        }
-        Volume::open(store, name)
+        let made = store.copy_version(source, name, kind, durability)?;
+        Ok((Volume::open(store, name)?, made))
     }
 
     /// Removes volume `name`; its space comes back as for any dropped version.
