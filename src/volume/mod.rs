@@ -226,7 +226,17 @@ impl Volume {
         // order; anything that must see them (a partial block's read, a delete)
         // sends them first.
         let mut pending = Pending::default();
-        for &(offset, data) in writes {
+        for (i, &(offset, data)) in writes.iter().enumerate() {
+            if i > 0 && self.store.version_ops_waiting() {
+                // A snapshot or clone waits for the writer lock, which this batch
+                // would hold to its end (after a snapshot every write shadows shared
+                // leaves): commit the writes so far and let it in. It then holds
+                // them, answered or not yet, which is all a snapshot promises.
+                put_pending(&mut txn, &mut pending)?;
+                txn.commit()?;
+                self.store.let_version_ops_in();
+                txn = self.begin(durability)?;
+            }
             for p in pieces(offset, data.len(), self.header.block_size) {
                 let src = &data[p.at..p.at + p.len];
                 let key = block_key(p.block);
