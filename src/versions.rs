@@ -177,6 +177,7 @@ pub(crate) const DROP_STEP_NODES: usize = 256;
 
 /// Makes version `name` of `source`: one logged record and one more reference on the
 /// source's root; constant time.
+///
 /// Returns when the version came to exist: the moment it was made under the writer
 /// lock, holding every commit before it (what a writer may have waited for; making it
 /// durable comes after, and so may the caller's thread's next turn on a busy CPU).
