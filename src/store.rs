@@ -182,18 +182,6 @@ impl Store {
         WriteTxn::begin(&self.shared, branch)
     }
 
-    /// Whether a snapshot or clone waits for the writer lock (see
-    /// [`Store::let_version_ops_in`]).
-    pub(crate) fn version_ops_waiting(&self) -> bool {
-        self.shared.version_ops_waiting()
-    }
-
-    /// Called between two write transactions of a long batch, once the first has
-    /// committed: lets a waiting snapshot or clone take the writer lock first.
-    pub(crate) fn let_version_ops_in(&self) {
-        self.shared.let_version_ops_in();
-    }
-
     /// A consistent view of `main`'s committed state.
     pub fn read(&self) -> Result<ReadTxn> {
         self.read_at(MAIN_BRANCH)

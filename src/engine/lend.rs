@@ -34,7 +34,7 @@ use crate::sync::lock;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// An operation handed to the lock's holder: it runs with the writer state and sends
 /// its own result back.
@@ -43,9 +43,6 @@ type LentOp = Box<dyn FnOnce(&Shared, &mut WriterState) + Send>;
 /// How long a holder waiting for its checkpoint's writer thread sleeps between looks
 /// at the queue when nothing wakes it (a request notifies it at once).
 const SERVE_POLL: Duration = Duration::from_micros(500);
-
-/// How long [`Shared::let_version_ops_in`] waits for the operations it lets in.
-const LET_IN_MAX: Duration = Duration::from_millis(2);
 
 /// The lending side of the writer lock (one per store).
 #[derive(Default)]
@@ -119,36 +116,6 @@ impl Shared {
         self.lender.wake.notify_all();
         let mut w = w?;
         op(self, &mut w)
-    }
-
-    /// Whether a version operation sleeps on the writer lock, waiting for its holder.
-    /// A holder applying a long batch of commits (a volume's batch of writes, which
-    /// after a snapshot shadows shared leaves: milliseconds of work) commits what it
-    /// has at its next step and lets the operation in ([`Shared::let_version_ops_in`])
-    /// instead of making it wait for the whole batch.
-    pub(crate) fn version_ops_waiting(&self) -> bool {
-        lock(&self.lender.state).asleep > 0
-    }
-
-    /// Waits, without the writer lock, until the version operations asleep on it have
-    /// had it, so that the caller, about to take it again, does not take it first (a
-    /// mutex lets the thread that just released it barge back in). At most
-    /// [`LET_IN_MAX`]: a sleeper not yet scheduled must not stall the caller longer.
-    pub(crate) fn let_version_ops_in(&self) {
-        let deadline = Instant::now() + LET_IN_MAX;
-        let mut state = lock(&self.lender.state);
-        while state.asleep > 0 {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return;
-            }
-            state = self
-                .lender
-                .wake
-                .wait_timeout(state, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
     }
 
     /// The writer lock, held by a long task that lends it to version operations at

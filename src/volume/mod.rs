@@ -226,17 +226,7 @@ impl Volume {
         // order; anything that must see them (a partial block's read, a delete)
         // sends them first.
         let mut pending = Pending::default();
-        for (i, &(offset, data)) in writes.iter().enumerate() {
-            if i > 0 && self.store.version_ops_waiting() {
-                // A snapshot or clone waits for the writer lock, which this batch
-                // would hold to its end (after a snapshot every write shadows shared
-                // leaves): commit the writes so far and let it in. It then holds
-                // them, answered or not yet, which is all a snapshot promises.
-                put_pending(&mut txn, &mut pending)?;
-                txn.commit()?;
-                self.store.let_version_ops_in();
-                txn = self.begin(durability)?;
-            }
+        for &(offset, data) in writes {
             for p in pieces(offset, data.len(), self.header.block_size) {
                 let src = &data[p.at..p.at + p.len];
                 let key = block_key(p.block);
@@ -418,7 +408,7 @@ impl Volume {
         name: &str,
         durability: Durability,
     ) -> Result<Volume> {
-        Volume::copy(store, source, name, VersionKind::Snapshot, durability)
+        Volume::snapshot_timed(store, source, name, durability).map(|(vol, _)| vol)
     }
 
     /// Makes a writable clone `name` of volume `source` (a volume or a snapshot of
@@ -435,18 +425,7 @@ impl Volume {
         name: &str,
         durability: Durability,
     ) -> Result<Volume> {
-        Volume::copy(store, source, name, VersionKind::Branch, durability)
-    }
-
-    /// A snapshot or clone of volume `source` (checked to be a volume first).
-    fn copy(
-        store: &Store,
-        source: &str,
-        name: &str,
-        kind: VersionKind,
-        durability: Durability,
-    ) -> Result<Volume> {
-        Volume::copy_timed(store, source, name, kind, durability).map(|(vol, _)| vol)
+        Volume::clone_timed(store, source, name, durability).map(|(vol, _)| vol)
     }
 
     /// [`Volume::snapshot_with`], also returning the moment the snapshot came to
@@ -474,7 +453,8 @@ impl Volume {
         Volume::copy_timed(store, source, name, VersionKind::Branch, durability)
     }
 
-    /// [`Volume::copy`], also returning when the copy came to exist.
+    /// A snapshot or clone of volume `source` (checked to be a volume first), and
+    /// when it came to exist.
     fn copy_timed(
         store: &Store,
         source: &str,
