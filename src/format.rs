@@ -276,7 +276,7 @@ mod tests {
         let low: std::collections::BTreeSet<u64> = (0..buckets)
             .map(|i| build.hash_one(Addr::new(SegmentId(3), 4096 * (i + 8))) % buckets)
             .collect();
-        // Random keys fill 1 - 1/e of the buckets (~2,589); one multiply filled 2.
+        // Random keys fill 1 - 1/e of the buckets (~2,589); the old single multiply filled 1.
         assert!(low.len() > 2400, "{} of {buckets} buckets used", low.len());
         assert_ne!(build.hash_one((1u64, 2u64)), build.hash_one((3u64, 2u64)));
     }
