@@ -6,8 +6,8 @@
 //! ```text
 //! cargo run --release --example kv_loop                  # 3 passes of N random gets
 //! MODE=range LEN=10 cargo run --release --example kv_loop  # N/2 range scans of LEN
-//! MODE=batch ROUNDS=100 [CP_EACH=1] ...   # transactions of 1,000 random inserts, then a checkpoint
-//! MODE=remove [WARM=1] DIR=copy ...       # N/2 deletes in one transaction (destroys the store)
+//! MODE=batch ROUNDS=100 [CP_EACH=1] [WARM=1] ...   # transactions of 1,000 random inserts, then a checkpoint
+//! MODE=remove [WARM=1] [COUNT=N/2] DIR=copy ...  # deletes in one transaction (destroys the store)
 //! ```
 //!
 //! `N` (default 1,000,000) and `CACHE_MIB` (the node cache, default 64: a quarter of
@@ -77,7 +77,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let t = Instant::now();
         let mut w = s.begin_write()?;
         let mut rng = SplitMix(3);
-        for _ in 0..n / 2 {
+        let count: u64 = std::env::var("COUNT")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(n / 2);
+        for _ in 0..count {
             let (k, _) = pair(&mut rng);
             w.delete(&k)?;
         }
@@ -98,7 +102,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .and_then(|s| s.parse().ok())
             .unwrap_or(10);
         let each = std::env::var("CP_EACH").is_ok();
+        if std::env::var("WARM").is_ok() {
+            // Every node into the cache, as the benchmark's batch phase finds it (right
+            // after the load, in the same process).
+            let t = Instant::now();
+            let r = s.read()?;
+            let mut it = r.range::<std::ops::RangeFull>(..)?;
+            let mut entries = 0u64;
+            while let Some(kv) = it.next_ref() {
+                kv?;
+                entries += 1;
+            }
+            eprintln!(
+                "warm: {entries} entries in {:.1} s",
+                t.elapsed().as_secs_f64()
+            );
+        }
         let all = Instant::now();
+        let mut commits = std::time::Duration::ZERO;
         for round in 0..rounds {
             let t = Instant::now();
             let mut w = s.begin_write()?;
@@ -108,6 +129,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             w.commit()?;
             let c = t.elapsed();
+            commits += c;
             if each || round + 1 == rounds {
                 s.checkpoint()?;
             }
@@ -117,7 +139,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 t.elapsed().as_secs_f64() * 1e3
             );
         }
-        eprintln!("all: {:.1} ms", all.elapsed().as_secs_f64() * 1e3);
+        eprintln!(
+            "all: {:.1} ms (transactions {:.1} ms)",
+            all.elapsed().as_secs_f64() * 1e3,
+            commits.as_secs_f64() * 1e3
+        );
         return Ok(());
     }
     for pass in 0..3 {

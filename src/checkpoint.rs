@@ -530,10 +530,8 @@ fn flush_chunk(
         };
         node.disk.set(r).expect("a dirty node is written once");
         written.alloc(r);
-        // Cache the clean node in its packed form, the bytes just written (it names
-        // its children by address and holds one allocation, not one per entry).
-        match Node::decode_checked(bytes.to_vec(), r) {
-            Ok(packed) => shared.cache.insert(r.addr, Arc::new(packed)),
+        match node.cached_form(bytes, r) {
+            Ok(clean) => shared.cache.insert(r.addr, clean),
             Err(e) => debug_assert!(false, "a node we encoded does not parse: {e}"),
         }
     }

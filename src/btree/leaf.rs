@@ -19,7 +19,10 @@
 //!   length u32 and bytes, or the extent's `BlockRef`;
 //! - keys are strictly increasing in `offs` order, and `heads[i]` is `head_of` the key
 //!   at `offs[i]`;
-//! - `live` is the sum of the encoded sizes of the entries `offs` reaches.
+//! - `live` is the sum of the encoded sizes of the entries `offs` reaches;
+//! - `extents` is the number of those entries whose value is an extent (a checkpoint
+//!   lists a written leaf's extents as back references; most leaves have none, and
+//!   the count lets it skip them without reading every entry).
 
 use super::layout::{
     cmp_bytes, head_of, read_block_ref, search_run, ValueRef, LEAF_KEY_AT, VALUE_EXTENT,
@@ -37,6 +40,7 @@ pub(crate) struct LeafBuf {
     offs: Vec<u32>,
     heads: Vec<u64>,
     live: usize,
+    extents: usize,
 }
 
 /// Bytes an entry of `key_len` and `value` takes, encoded.
@@ -65,6 +69,11 @@ pub(crate) fn encode_entry(out: &mut Vec<u8>, key: &[u8], value: ValueRef<'_>) {
             r.encode(out);
         }
     }
+}
+
+/// Whether the entry starting at `at` in `heap` (a complete one) holds an extent.
+fn is_extent_at(heap: &[u8], at: usize) -> bool {
+    heap[at + 2] == VALUE_EXTENT
 }
 
 /// The key of the entry starting at `at` in `heap` (which must hold a complete one).
@@ -122,11 +131,16 @@ impl LeafBuf {
         // growing a full-size heap would copy all of it again.
         let mut heap = Vec::with_capacity(bytes.len() + HEADROOM.max(bytes.len() / 8));
         heap.extend_from_slice(bytes);
+        let extents = offs
+            .iter()
+            .filter(|&&o| is_extent_at(bytes, o as usize))
+            .count();
         let leaf = LeafBuf {
             heap,
             live: bytes.len(),
             offs,
             heads,
+            extents,
         };
         debug_assert_eq!(
             leaf.offs
@@ -145,6 +159,11 @@ impl LeafBuf {
 
     pub(crate) fn is_empty(&self) -> bool {
         self.offs.is_empty()
+    }
+
+    /// Whether any entry's value is an extent.
+    pub(crate) fn has_extents(&self) -> bool {
+        self.extents > 0
     }
 
     /// Encoded size of the entries (the node's size without its header).
@@ -208,6 +227,7 @@ impl LeafBuf {
         let at = len_u32(self.heap.len());
         encode_entry(&mut self.heap, key, value);
         self.live += entry_size(key.len(), value);
+        self.extents += usize::from(value.extent().is_some());
         at
     }
 
@@ -234,7 +254,9 @@ impl LeafBuf {
         let (key, old) = entry_at(&self.heap, at);
         let key_len = key.len();
         let old_size = entry_size(key_len, old);
+        self.extents -= usize::from(old.extent().is_some());
         if old_size == entry_size(key_len, value) {
+            self.extents += usize::from(value.extent().is_some());
             let mut entry = Vec::with_capacity(old_size);
             encode_entry(&mut entry, key, value);
             self.heap[at..at + old_size].copy_from_slice(&entry);
@@ -251,6 +273,7 @@ impl LeafBuf {
         let at = self.offs.remove(i) as usize;
         self.heads.remove(i);
         self.live -= self.encoded_len(at);
+        self.extents -= usize::from(is_extent_at(&self.heap, at));
         self.compact_if_sparse();
     }
 
@@ -288,10 +311,12 @@ impl LeafBuf {
             offs: Vec::with_capacity(to - from),
             heads: self.heads[from..to].to_vec(),
             live: 0,
+            extents: 0,
         };
         for i in from..to {
             let at = self.offs[i] as usize;
             let len = self.encoded_len(at);
+            copy.extents += usize::from(is_extent_at(&self.heap, at));
             copy.offs.push(len_u32(copy.heap.len()));
             copy.heap.extend_from_slice(&self.heap[at..at + len]);
             copy.live += len;
@@ -337,6 +362,7 @@ impl Clone for LeafBuf {
             offs: self.offs.clone(),
             heads: self.heads.clone(),
             live: self.live,
+            extents: self.extents,
         }
     }
 }
@@ -374,6 +400,12 @@ mod tests {
             encoded_size += entry_size(key.len(), value);
         }
         assert_eq!(leaf.encoded_size(), encoded_size);
+        let extents = model
+            .values()
+            .filter(|v| matches!(v, Model::Extent(_)))
+            .count();
+        assert_eq!(leaf.extents, extents, "the extent count follows every edit");
+        assert_eq!(leaf.has_extents(), extents > 0);
         assert_eq!(leaf.heads.len(), leaf.len());
         for i in 0..leaf.len() {
             assert_eq!(leaf.heads[i], head_of(leaf.key(i)));
