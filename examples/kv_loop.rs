@@ -43,8 +43,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(64);
+    let opts = cambium::Options {
+        cache_bytes: cache_mib << 20,
+        ..Default::default()
+    };
+    // FRESH=1: build the store in this process and keep it open, so the mode runs
+    // on the nodes the load's checkpoint cached (the benchmark's case) rather than
+    // on nodes read back from the files.
+    let fresh = std::env::var("FRESH").is_ok();
+    let mut built = None;
     if !dir.exists() {
-        let s = cambium::Store::create(dir)?;
+        let s = cambium::Store::create_with(dir, opts.clone())?;
         let mut t = s.begin_write()?;
         let mut r = SplitMix(3);
         for _ in 0..n {
@@ -53,13 +62,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         t.commit()?;
         s.checkpoint()?;
-        s.close()?;
+        eprintln!("built {n} pairs");
+        match fresh {
+            true => built = Some(s),
+            false => s.close()?,
+        }
     }
-    let opts = cambium::Options {
-        cache_bytes: cache_mib << 20,
-        ..Default::default()
+    let s = match built {
+        Some(s) => s,
+        None => cambium::Store::open_with(dir, opts)?,
     };
-    let s = cambium::Store::open_with(dir, opts)?;
     let mode = std::env::var("MODE").unwrap_or_default();
     let len: usize = std::env::var("LEN")
         .ok()

@@ -530,8 +530,11 @@ fn flush_chunk(
         };
         node.disk.set(r).expect("a dirty node is written once");
         written.alloc(r);
-        match node.cached_form(bytes, r) {
-            Ok(clean) => shared.cache.insert(r.addr, clean),
+        // Cache the clean node in its packed form, the bytes just written (it names
+        // its children by address, and reads search it faster than the editable form:
+        // prefix-compressed 4-byte heads, and its parts allocated together).
+        match Node::decode_checked(bytes.to_vec(), r) {
+            Ok(packed) => shared.cache.insert(r.addr, Arc::new(packed)),
             Err(e) => debug_assert!(false, "a node we encoded does not parse: {e}"),
         }
     }

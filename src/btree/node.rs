@@ -452,23 +452,6 @@ impl Node {
         Self::parse(buf, at, false)
     }
 
-    /// The node to cache for this one, just written as `bytes` at `r`.
-    ///
-    /// A leaf is cached as the writer left it: its slotted buffer answers reads as a
-    /// packed copy would and takes about as much memory (the difference is the heap's
-    /// headroom, an eighth), so a checkpoint neither copies nor parses it, nor asks
-    /// the system for fresh memory to hold it (on a VM that backs memory lazily,
-    /// zeroing the fresh pages cost as much as the checkpoint's writes). A leaf whose
-    /// buffer holds much more than its bytes (dead entries, a grown heap) is cached
-    /// packed, as is every branch: its dirty form holds its children in memory.
-    pub(crate) fn cached_form(self: &Arc<Self>, bytes: &[u8], r: BlockRef) -> Result<Arc<Node>> {
-        debug_assert_eq!(self.disk.get(), Some(&r), "cached as written");
-        match &self.body {
-            Body::Leaf(l) if l.mem_size() <= bytes.len() + bytes.len() / 2 => Ok(Arc::clone(self)),
-            _ => Ok(Arc::new(Node::decode_checked(bytes.to_vec(), r)?)),
-        }
-    }
-
     fn parse(buf: Vec<u8>, at: BlockRef, self_checksum: bool) -> Result<Node> {
         let size = buf.len();
         let (level, packed) = Packed::parse(buf, at.addr, self_checksum)?;
