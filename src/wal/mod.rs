@@ -185,18 +185,24 @@ impl Wal {
             let target = st.last_lsn;
             let buf = std::mem::take(&mut st.buf);
             let rotated = std::mem::take(&mut st.rotated);
-            let result = match self.file_for_write(&mut st) {
-                Ok((file, at)) => {
-                    st.file_end += buf.len() as u64;
-                    // The leader does its I/O without the lock, so others keep appending
-                    // (their records form the next group).
-                    drop(st);
-                    let r = self.write_and_sync(&*file, at, &buf, segments, rotated);
-                    st = self.lock();
-                    r
-                }
-                Err(e) => Err(e),
-            };
+            let gen = st.gen;
+            let file = st.file.clone();
+            if file.is_none() {
+                st.file_end = 0;
+            }
+            let at = st.file_end;
+            st.file_end += buf.len() as u64;
+            // The leader does its I/O without the lock, so others keep appending
+            // (their records form the next group). That includes making the
+            // generation's file at its first write (a rename and a directory sync, or
+            // 4 MiB of zeros): every committer would otherwise wait for it.
+            drop(st);
+            let result = match file {
+                Some(file) => Ok(file),
+                None => self.open_new(gen).inspect(|file| self.attach(gen, file)),
+            }
+            .and_then(|file| self.write_and_sync(&*file, at, &buf, segments, rotated));
+            st = self.lock();
             st.sync_in_flight = false;
             // Published before any committer waiting on this sync returns: a reader in
             // another process then sees every acknowledged commit, and no other.
@@ -282,12 +288,18 @@ impl Wal {
         result
     }
 
-    fn file_for_write(&self, st: &mut State) -> Result<(Arc<dyn VFile>, u64)> {
-        if st.file.is_none() {
-            st.file = Some(self.open_new(st.gen)?);
-            st.file_end = 0;
+    /// Hands generation `gen`'s file, just made by the sync leader without the lock,
+    /// to whoever writes that generation next: the state, or, if a checkpoint's
+    /// freeze rotated the log meanwhile, the rotated tail it left (whose records go
+    /// after the leader's in the same file). No other leader can have made it: only
+    /// one sync is in flight.
+    fn attach(&self, gen: u64, file: &Arc<dyn VFile>) {
+        let mut st = self.lock();
+        if st.gen == gen {
+            st.file.get_or_insert_with(|| Arc::clone(file));
+        } else if let Some(tail) = st.rotated.iter_mut().find(|r| r.gen == gen) {
+            tail.file.get_or_insert_with(|| Arc::clone(file));
         }
-        Ok((st.file.clone().expect("just set"), st.file_end))
     }
 
     /// Makes generation `gen`'s file, empty: the spare renamed, or a new one.
