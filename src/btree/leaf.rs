@@ -147,16 +147,18 @@ impl LeafBuf {
         let room = slots_for(starts.len());
         let mut offs = Vec::with_capacity(room);
         offs.extend(starts.map(len_u32));
+        // One pass over the entries for their heads and their value tags (the tag
+        // sits in the same cache line as the key's start).
+        let mut extents = 0;
         let mut heads = Vec::with_capacity(room);
-        heads.extend(offs.iter().map(|&o| head_of(key_at(bytes, o as usize))));
+        heads.extend(offs.iter().map(|&o| {
+            extents += usize::from(is_extent_at(bytes, o as usize));
+            head_of(key_at(bytes, o as usize))
+        }));
         // Room for a few entries more: a shadowed leaf is shadowed to be edited, and
         // growing a full-size heap would copy all of it again.
         let mut heap = Vec::with_capacity(bytes.len() + HEADROOM.max(bytes.len() / 8));
         heap.extend_from_slice(bytes);
-        let extents = offs
-            .iter()
-            .filter(|&&o| is_extent_at(bytes, o as usize))
-            .count();
         let leaf = LeafBuf {
             heap,
             live: bytes.len(),
