@@ -27,6 +27,10 @@ fn count_before(node: &Node, k: &[u8], inclusive_of_k: bool) -> usize {
     }
 }
 
+/// How many entries ahead of the one it stands on a cursor has fetched (see
+/// [`super::layout::prefetch`]): enough to overlap the misses of a short range scan.
+const PREFETCH_AHEAD: usize = 4;
+
 #[derive(Default)]
 pub(crate) struct Cursor {
     /// Path from the root; the last element is a leaf and its entry index.
@@ -59,6 +63,7 @@ impl Cursor {
                 } else {
                     c.normalize_backward(loader)?;
                 }
+                c.prefetch(forward, 1..=PREFETCH_AHEAD);
                 return Ok(c);
             }
             if node.len() == 0 {
@@ -82,17 +87,54 @@ impl Cursor {
     }
 
     pub(crate) fn advance(&mut self, loader: Loader<'_>) -> Result<()> {
-        if let Some(top) = self.stack.last_mut() {
-            top.1 = top.1.wrapping_add(1);
-        }
-        self.normalize_forward(loader)
+        self.step(loader, true)
     }
 
     pub(crate) fn retreat(&mut self, loader: Loader<'_>) -> Result<()> {
-        if let Some(top) = self.stack.last_mut() {
-            top.1 = top.1.wrapping_sub(1);
+        self.step(loader, false)
+    }
+
+    fn step(&mut self, loader: Loader<'_>, forward: bool) -> Result<()> {
+        let Some(top) = self.stack.last_mut() else {
+            return Ok(());
+        };
+        let leaf = Arc::as_ptr(&top.0);
+        top.1 = if forward {
+            top.1.wrapping_add(1)
+        } else {
+            top.1.wrapping_sub(1)
+        };
+        if forward {
+            self.normalize_forward(loader)?;
+        } else {
+            self.normalize_backward(loader)?;
         }
-        self.normalize_backward(loader)
+        // Within a leaf, the entries up to the one before are on their way already;
+        // a leaf just entered needs its whole window.
+        let same_leaf = self.stack.last().is_some_and(|t| Arc::as_ptr(&t.0) == leaf);
+        match same_leaf {
+            true => self.prefetch(forward, PREFETCH_AHEAD..=PREFETCH_AHEAD),
+            false => self.prefetch(forward, 1..=PREFETCH_AHEAD),
+        }
+        Ok(())
+    }
+
+    /// Starts fetching the leaf entries `distances` away from the current one, in
+    /// the direction of travel.
+    fn prefetch(&self, forward: bool, distances: std::ops::RangeInclusive<usize>) {
+        let Some((node, pos)) = self.stack.last() else {
+            return;
+        };
+        if !node.is_leaf() {
+            return;
+        }
+        for d in distances {
+            let i = match forward {
+                true => pos.wrapping_add(d),
+                false => pos.wrapping_sub(d),
+            };
+            node.prefetch_entry(i);
+        }
     }
 
     /// While the top position is past its node's end, climb and step right, then

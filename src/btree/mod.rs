@@ -139,13 +139,15 @@ impl Loader<'_> {
     /// first load set (no cache lookup, and no checks: they passed when the link was
     /// set), or loaded and checked as [`Loader::child_of`] does, then linked.
     pub(crate) fn child_at(&self, parent: &Node, i: usize) -> Result<Arc<Node>> {
-        let child = parent.child(i);
-        if let ChildRef::Mem(_) = child {
-            return self.child_of(parent.level, child);
-        }
+        // The link first: a linked child needs no address, and reading the address
+        // from the parent's bytes is a memory miss of its own.
         if let Some(node) = parent.linked_child(i) {
             self.cache.touch(&node);
             return Ok(node);
+        }
+        let child = parent.child(i);
+        if let ChildRef::Mem(_) = child {
+            return self.child_of(parent.level, child);
         }
         let node = self.child_of(parent.level, child)?;
         parent.link_child(i, &node);
@@ -210,8 +212,8 @@ fn get_below<R>(
         return Err(Error::corrupted("node", "branch node without children"));
     }
     let i = node.child_index(key);
-    match node.child(i) {
-        ChildRef::Mem(c) if c.level + 1 == node.level => get_below(loader, c, key, f, depth + 1),
+    match node.mem_child(i) {
+        Some(c) if c.level + 1 == node.level => get_below(loader, c, key, f, depth + 1),
         _ => get_below(loader, &*loader.child_at(node, i)?, key, f, depth + 1),
     }
 }

@@ -319,12 +319,32 @@ impl Node {
         }
     }
 
+    /// Starts fetching leaf entry `i` from memory, ahead of a scan reaching it (a
+    /// packed leaf's; an editable one is in the writer's hands, and likely cached).
+    pub(crate) fn prefetch_entry(&self, i: usize) {
+        if let Body::Packed(p) = &self.body {
+            p.prefetch_entry(i);
+        }
+    }
+
     /// Branch entry `i`'s child. Panics on a leaf: callers check the level first.
     pub(crate) fn child(&self, i: usize) -> ChildRef<'_> {
         match &self.body {
             Body::Branch(e) => e[i].child.as_ref(),
             Body::Packed(p) if self.level > 0 => ChildRef::Disk(p.child(i)),
             _ => panic!("child of a leaf entry"),
+        }
+    }
+
+    /// Branch entry `i`'s child if it is in memory by reference (an editable branch's
+    /// dirty child), without reading a written child's address.
+    pub(crate) fn mem_child(&self, i: usize) -> Option<&Arc<Node>> {
+        match &self.body {
+            Body::Branch(e) => match &e.get(i)?.child {
+                Child::Mem(node) => Some(node),
+                Child::Disk(_) => None,
+            },
+            _ => None,
         }
     }
 

@@ -26,8 +26,8 @@
 //! - a leaf's tags are `VALUE_INLINE` or `VALUE_EXTENT`; a branch has an entry.
 
 use super::layout::{
-    cmp_bytes, head_of, read_block_ref, search_run, ValueRef, CRC_FROM, HEADER_SIZE, KIND_BRANCH,
-    KIND_LEAF, LEAF_KEY_AT, MAX_DEPTH, NODE_MAGIC, VALUE_EXTENT, VALUE_INLINE,
+    cmp_bytes, head_of, prefetch, read_block_ref, search_run, ValueRef, CRC_FROM, HEADER_SIZE,
+    KIND_BRANCH, KIND_LEAF, LEAF_KEY_AT, MAX_DEPTH, NODE_MAGIC, VALUE_EXTENT, VALUE_INLINE,
 };
 use super::leaf::LeafBuf;
 use crate::error::Result;
@@ -233,6 +233,18 @@ impl Packed {
         }
         let len = u32::from_le_bytes(self.bytes[at..at + 4].try_into().expect("4 bytes"));
         ValueRef::Inline(&self.bytes[at + 4..at + 4 + len as usize])
+    }
+
+    /// Starts fetching entry `i`'s bytes (its value's length follows the key), if
+    /// there is such an entry: see [`prefetch`].
+    pub(crate) fn prefetch_entry(&self, i: usize) {
+        let at = self
+            .slots
+            .get(i)
+            .map(|s| s.key_at as usize + usize::from(s.key_len));
+        if let Some(byte) = at.and_then(|at| self.bytes.get(at)) {
+            prefetch(byte);
+        }
     }
 
     /// A leaf's entries in editable form: one copy of its entry bytes.
