@@ -12,6 +12,11 @@
 //!
 //! `N` (default 1,000,000) and `CACHE_MIB` (the node cache, default 64: a quarter of
 //! the 1M-key tree, the "store 4× the cache" case) apply to every mode.
+// The `cambium` binary's allocator, so that these loops profile what it runs.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use cambium::io::sim::SplitMix;
 use std::time::Instant;
 fn pair(r: &mut SplitMix) -> ([u8; 24], [u8; 150]) {

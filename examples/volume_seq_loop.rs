@@ -1,5 +1,10 @@
 //! Times 1 MiB sequential writes through `Volume::write_at` (no NBD), first into an
 //! empty volume, then overwriting it. `cargo run --release --example volume_seq_loop`.
+// The `cambium` binary's allocator, so that these loops profile what it runs.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use cambium::volume::Volume;
 use cambium::{Durability, Store};
 use std::time::Instant;

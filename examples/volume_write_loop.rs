@@ -1,6 +1,11 @@
 //! Times 4 KiB random writes through `Volume::write_at` (no NBD): the engine's
 //! share of a write's latency.
 //! `cargo run --release --example volume_write_loop [SIZE-MiB]`.
+// The `cambium` binary's allocator, so that these loops profile what it runs.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use cambium::volume::Volume;
 use cambium::{Durability, Store};
 use std::time::Instant;

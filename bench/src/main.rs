@@ -10,6 +10,12 @@
 //!
 //! Run with `--help` for every flag.
 
+/// Every engine's child process allocates through it: mimalloc, or glibc's `malloc`
+/// under `--alloc system` (src/alloc.rs).
+#[global_allocator]
+static ALLOCATOR: alloc::Switch = alloc::Switch;
+
+mod alloc;
 mod engines;
 mod workload;
 
@@ -42,6 +48,8 @@ USAGE: cargo run --release -p cambium-bench -- [FLAGS]
   --cambium-cache-mib N override cambium's node cache in every configuration (diagnosis)
   --cambium-dirty-mib N override cambium's dirty-node budgets (checkpoint_dirty_bytes and
                         txn_dirty_bytes) in every configuration (diagnosis)
+  --alloc A             the allocator of every engine's process: mimalloc (the cambium
+                        binary's; default) or system (glibc's malloc)
   --dir DIR             parent of the per-run temp directories (default $TMPDIR or /tmp)
   --json FILE           also write machine-readable results to FILE
   --keep                keep the database directories (default: deleted after each run)
@@ -74,6 +82,8 @@ struct Config {
     dir: PathBuf,
     json: Option<PathBuf>,
     keep: bool,
+    /// `--alloc`: "mimalloc" or "system", passed to the children in `alloc::ALLOC_ENV`.
+    alloc: String,
     cambium_cache_bytes: Option<usize>,
     cambium_dirty_bytes: Option<u64>,
     /// Set in a child process: the one (engine, configuration, round) it runs.
@@ -145,6 +155,7 @@ fn parse_args() -> Result<Config, String> {
         dir: std::env::temp_dir(),
         json: None,
         keep: false,
+        alloc: "mimalloc".into(),
         cambium_cache_bytes: None,
         cambium_dirty_bytes: None,
         child: None,
@@ -192,6 +203,12 @@ fn parse_args() -> Result<Config, String> {
             "--dir" => c.dir = args.next().ok_or("--dir needs a value")?.into(),
             "--json" => c.json = Some(args.next().ok_or("--json needs a value")?.into()),
             "--keep" => c.keep = true,
+            "--alloc" => {
+                c.alloc = args.next().ok_or("--alloc needs a value")?;
+                if !matches!(c.alloc.as_str(), "mimalloc" | "system") {
+                    return Err(format!("--alloc: {:?} is not mimalloc or system", c.alloc));
+                }
+            }
             "--quick" => quick = true,
             CHILD_FLAG => {
                 let v = args.next().ok_or("--child needs a value")?;
@@ -654,12 +671,13 @@ fn run_named(name: &str, c: &Config, equal: bool, rep: usize) -> Res<RunResult> 
 
 /// Runs one engine in a child process of this binary (same flags plus `--child`), so
 /// that its peak RSS is its own and no engine inherits another's heap or mappings.
-fn run_child(name: &str, equal: bool, rep: usize) -> Res<RunResult> {
+fn run_child(name: &str, equal: bool, rep: usize, alloc: &str) -> Res<RunResult> {
     let exe = std::env::current_exe()?;
     let out = std::process::Command::new(exe)
         .args(std::env::args().skip(1))
         .arg(CHILD_FLAG)
         .arg(format!("{name}:{}:{rep}", config_name(equal)))
+        .env(alloc::ALLOC_ENV, alloc)
         .stdin(std::process::Stdio::null())
         .stderr(std::process::Stdio::inherit())
         .output()?;
@@ -887,8 +905,14 @@ fn machine_header(c: &Config, mach: &BTreeMap<&'static str, String>) -> String {
     );
     let _ = writeln!(
         o,
-        "- {}, cambium at `{}`",
-        mach["rustc"], mach["cambium_commit"]
+        "- {}, cambium at `{}`; every engine allocates through {} (`--alloc {}`)",
+        mach["rustc"],
+        mach["cambium_commit"],
+        match c.alloc.as_str() {
+            "system" => "glibc's malloc",
+            _ => "mimalloc, as the `cambium` binary does",
+        },
+        c.alloc
     );
     let _ = writeln!(
         o,
@@ -1236,7 +1260,7 @@ fn main() {
                 if failures.contains_key(e) {
                     continue;
                 }
-                match run_child(e, equal, rep) {
+                match run_child(e, equal, rep, &c.alloc) {
                     Ok(r) => results.entry(e.clone()).or_default().push(r),
                     Err(err) => {
                         eprintln!("  {e} ({}) FAILED: {err}", config_name(equal));
@@ -1266,7 +1290,7 @@ fn main() {
                 "bulk_txns": c.bulk_txns(), "key_size": workload::KEY_SIZE,
                 "value_size": workload::VALUE_SIZE, "individual_writes": c.individual_writes,
                 "batch_txns": c.batch_txns, "batch_size": c.batch_size,
-                "range_scans": c.range_scans(), "range_len": c.range_len,
+                "range_scans": c.range_scans(), "range_len": c.range_len, "alloc": c.alloc,
                 "full_scan_entries": c.scan_entries(),
                 "removals": c.removals(), "engines": c.engines, "dir": c.dir,
                 "cambium_cache_bytes_override": c.cambium_cache_bytes,

@@ -11,6 +11,10 @@
 //! Run with `--help` for every flag. A markdown report goes to stdout, progress to
 //! stderr.
 
+/// The allocator of every engine's child process (bench/Cargo.toml).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[path = "../report.rs"]
 mod report;
 #[path = "../versions/stat.rs"]
