@@ -23,7 +23,7 @@ use std::time::Duration;
 const MIB: u64 = 1 << 20;
 /// What `batch` of this input took before the dirty budgets grew with the machine's
 /// memory (README's measures: 781 MiB in one transaction, 434 MiB committing every
-/// 100k), with room: these lines' nodes stay far below even the smallest budget
+/// 100k, with glibc's malloc; 834 and 504 MiB with the binary's mimalloc), with room: these lines' nodes stay far below even the smallest budget
 /// (512 MiB), so holding every line, or every version of every node, would show.
 const BATCH_BOUND_BYTES: u64 = 1229 * MIB;
 /// Lines in the streamed input: their keys and values (the shape of the report,

@@ -148,6 +148,10 @@ fn next_line<'b>(
     )
 }
 
+/// A line buffer this long grows straight to the line's limit (see
+/// [`read_bounded_line`]).
+const GROW_TO_LIMIT_FROM: usize = 16 << 20;
+
 /// The next line of `input` without its line ending (`\n` or `\r\n`), read into
 /// `buf`; `None` at the end of the input. `limit` gives, for the part of the line
 /// read so far, the most bytes the whole line may have (the ending not counted); a
@@ -179,6 +183,15 @@ pub(super) fn read_bounded_line<'b>(
             return Err(CliError::failure(format!(
                 "line {line_no}: longer than the longest valid line ({longest})"
             )));
+        }
+        let needed = buf.len() + take;
+        if needed > buf.capacity() && needed > GROW_TO_LIMIT_FROM {
+            // Past a few MiB, grow once to what the line may still become: doubling
+            // would copy the line at every step, and an allocator that cannot grow a
+            // large block in place (mimalloc; glibc remaps it) holds the old copy and
+            // the new one at once. Reserved pages take no memory until written.
+            let most = limit(buf).saturating_add(2).max(needed);
+            buf.reserve_exact(most - buf.len());
         }
         buf.extend_from_slice(&chunk[..take]);
         input.consume(take);
