@@ -26,6 +26,8 @@
 
 mod files;
 mod payload;
+#[cfg(test)]
+mod race_tests;
 mod record;
 
 pub(crate) use files::{
