@@ -11,7 +11,8 @@ pub struct Options {
     /// Page cache budget in bytes: what the cached nodes occupy in memory, about 1.1
     /// times their size on disk (a node's bytes, 12 bytes per entry, ~150 bytes of
     /// bookkeeping). The default is [`default_cache_bytes`]: a quarter of the memory
-    /// this process may use, at least 1 GiB (redb's default), which takes memory only
+    /// this process may use, at least 1 GiB (redb's default; half the memory where
+    /// that is less than 2 GiB), which takes memory only
     /// as nodes are read. Give it 1.1 times the tree's size for reads that never wait
     /// on a `pread`: a miss costs a `pread`, a checksum, a parse and an eviction,
     /// several hits' worth even when the OS has the node in its page cache (see
@@ -86,7 +87,7 @@ impl Default for Options {
 
 /// The default page cache budget ([`Options::cache_bytes`]): a quarter of the memory
 /// this process may use (the machine's, or its cgroup's limit if lower), at least
-/// 1 GiB. A budget, not an allocation: nodes take it as they are read, so a small
+/// 1 GiB, or half that memory where it is under 2 GiB. A budget, not an allocation: nodes take it as they are read, so a small
 /// store costs what its tree occupies. A quarter because, unlike a memory-mapped
 /// engine, cambium reads through its own cache; a store that outgrows it but not
 /// the machine's memory is read at `pread` speed, which WiredTiger's half of the
@@ -94,20 +95,39 @@ impl Default for Options {
 /// the dirty budgets (an eighth each) a writer's worst case is half the memory.
 pub fn default_cache_bytes() -> usize {
     static BYTES: OnceLock<usize> = OnceLock::new();
-    *BYTES.get_or_init(|| {
-        let quarter = usize::try_from(usable_memory() / 4).unwrap_or(usize::MAX);
-        quarter.max(1 << 30)
-    })
+    *BYTES.get_or_init(|| usize::try_from(cache_bytes_for(usable_memory())).unwrap_or(usize::MAX))
+}
+
+/// The cache budget for `usable` bytes of memory (0: not known). The floor keeps a
+/// small machine's cache useful, but never past half the memory: a container limited
+/// to 1 GiB must not be told to cache 1 GiB.
+fn cache_bytes_for(usable: u64) -> u64 {
+    let floor = match usable {
+        0 => 1 << 30,
+        m => (1 << 30).min(m / 2),
+    };
+    (usable / 4).max(floor)
 }
 
 /// The default of both dirty-node budgets ([`Options::checkpoint_dirty_bytes`],
 /// [`Options::txn_dirty_bytes`]): an eighth of the memory this process may use (the
-/// machine's, or its cgroup's limit if lower), at least 512 MiB and at most 4 GiB.
+/// machine's, or its cgroup's limit if lower), at least 512 MiB (where that memory
+/// is 4 GiB or more) and at most 4 GiB.
 /// Held only while that much is dirty (a bulk load); a writer may hold both at once,
 /// plus the set a background checkpoint is writing.
 pub fn default_dirty_bytes() -> u64 {
     static BYTES: OnceLock<u64> = OnceLock::new();
-    *BYTES.get_or_init(|| (usable_memory() / 8).clamp(512 << 20, 4 << 30))
+    *BYTES.get_or_init(|| dirty_bytes_for(usable_memory()))
+}
+
+/// A dirty budget for `usable` bytes of memory (0: not known): the floor, like the
+/// cache's, never takes more than its eighth of a small machine's memory.
+fn dirty_bytes_for(usable: u64) -> u64 {
+    let floor = match usable {
+        0 => 512 << 20,
+        m => (512 << 20).min(m / 8),
+    };
+    (usable / 8).clamp(floor, 4 << 30)
 }
 
 /// The memory this process may use: the machine's, or its cgroup's limit if lower
@@ -169,27 +189,56 @@ pub enum Durability {
 mod tests {
     use super::*;
 
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+
     #[test]
     fn the_dirty_budget_is_an_eighth_of_memory_within_bounds() {
         let b = default_dirty_bytes();
-        assert!((512 << 20..=4 << 30).contains(&b), "{b}");
+        assert!(b <= 4 * GIB, "{b}");
         if let Some(m) = physical_memory() {
             assert!(m > 0);
             let limit = cgroup_memory_limit().map_or(m, |c| c.min(m));
-            assert_eq!(b, (limit / 8).clamp(512 << 20, 4 << 30));
+            assert_eq!(b, dirty_bytes_for(limit));
         }
         let o = Options::default();
         assert_eq!((o.checkpoint_dirty_bytes, o.txn_dirty_bytes), (b, b));
+        // An eighth from 4 GiB to 32 GiB of memory; 512 MiB below (an eighth below
+        // 4 GiB, never more), 4 GiB above; 512 MiB when the memory is not known.
+        for (memory, budget) in [
+            (0, 512 * MIB),
+            (GIB, 128 * MIB),
+            (2 * GIB, 256 * MIB),
+            (4 * GIB, 512 * MIB),
+            (24 * GIB, 3 * GIB),
+            (32 * GIB, 4 * GIB),
+            (256 * GIB, 4 * GIB),
+        ] {
+            assert_eq!(dirty_bytes_for(memory), budget, "{memory} bytes of memory");
+        }
     }
 
     #[test]
-    fn the_cache_is_a_quarter_of_memory_and_at_least_a_gib() {
+    fn the_cache_is_a_quarter_of_memory_and_at_least_a_gib_or_half() {
         let c = default_cache_bytes();
-        assert!(c >= 1 << 30, "{c}");
         if let Some(m) = physical_memory() {
             let limit = cgroup_memory_limit().map_or(m, |l| l.min(m));
-            assert_eq!(c as u64, (limit / 4).max(1 << 30));
+            assert_eq!(c as u64, cache_bytes_for(limit));
         }
         assert_eq!(Options::default().cache_bytes, c);
+        // A quarter from 4 GiB on; 1 GiB from 2 to 4 GiB; half below 2 GiB (a
+        // container limited to 1 GiB gets 512 MiB, not all of it); 1 GiB when the
+        // memory is not known.
+        for (memory, budget) in [
+            (0, GIB),
+            (512 * MIB, 256 * MIB),
+            (GIB, 512 * MIB),
+            (2 * GIB, GIB),
+            (3 * GIB, GIB),
+            (8 * GIB, 2 * GIB),
+            (24 * GIB, 6 * GIB),
+        ] {
+            assert_eq!(cache_bytes_for(memory), budget, "{memory} bytes of memory");
+        }
     }
 }
