@@ -41,8 +41,13 @@ pub(crate) struct Packed {
     /// Per entry, the 4 key bytes after the shared prefix, zero-padded, as a
     /// big-endian integer ([`head32`]). Non-decreasing, since keys are sorted: if two heads differ,
     /// so do the keys, in the same direction.
-    heads: Box<[u32]>,
-    slots: Box<[Slot]>,
+    ///
+    /// Then, per entry, its [`Slot`] as two words (key offset; key length and tag).
+    /// One allocation for both: a search reads the heads and then a slot or two,
+    /// and the lines after the heads are the ones the CPU fetches next.
+    index: Box<[u32]>,
+    /// Entries.
+    len: usize,
     /// How many leading bytes every key shares.
     prefix_len: usize,
 }
@@ -62,7 +67,7 @@ impl std::fmt::Debug for Packed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Packed")
             .field("bytes", &self.bytes.len())
-            .field("entries", &self.slots.len())
+            .field("entries", &self.len)
             .field("prefix_len", &self.prefix_len)
             .finish()
     }
@@ -149,14 +154,19 @@ impl Packed {
                 .count(),
             _ => 0,
         };
-        let heads = slots
-            .iter()
-            .map(|s| head32(key(s).get(prefix_len..).unwrap_or_default()))
-            .collect();
+        let mut index = Vec::with_capacity(3 * slots.len());
+        index.extend(
+            slots
+                .iter()
+                .map(|s| head32(key(s).get(prefix_len..).unwrap_or_default())),
+        );
+        for s in &slots {
+            index.extend([s.key_at, u32::from(s.key_len) | u32::from(s.tag) << 16]);
+        }
         let packed = Packed {
-            heads,
+            index: index.into_boxed_slice(),
+            len: slots.len(),
             bytes: buf.into_boxed_slice(),
-            slots: slots.into_boxed_slice(),
             prefix_len,
         };
         Ok((header.level, packed))
@@ -195,7 +205,23 @@ impl Packed {
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.slots.len()
+        self.len
+    }
+
+    /// Every entry's head, in order.
+    fn heads(&self) -> &[u32] {
+        &self.index[..self.len]
+    }
+
+    /// Entry `i`'s slot.
+    fn slot(&self, i: usize) -> Slot {
+        let at = self.len + 2 * i;
+        let (key_at, rest) = (self.index[at], self.index[at + 1]);
+        Slot {
+            key_at,
+            key_len: rest as u16,
+            tag: (rest >> 16) as u8,
+        }
     }
 
     /// The encoded node, as written.
@@ -203,20 +229,20 @@ impl Packed {
         &self.bytes
     }
 
-    /// Memory held: the bytes, the slots and the allocations' bookkeeping.
+    /// Memory held: the bytes, the index and the allocations' bookkeeping.
     pub(crate) fn mem_size(&self) -> usize {
-        self.bytes.len() + self.slots.len() * (size_of::<Slot>() + size_of::<u32>()) + 3 * 16
+        self.bytes.len() + self.index.len() * size_of::<u32>() + 2 * 16
     }
 
     pub(crate) fn key(&self, i: usize) -> &[u8] {
-        let s = &self.slots[i];
+        let s = self.slot(i);
         let at = s.key_at as usize;
         &self.bytes[at..at + usize::from(s.key_len)]
     }
 
     /// Where entry `i`'s key ends: its value or child reference starts there.
     fn after_key(&self, i: usize) -> usize {
-        let s = &self.slots[i];
+        let s = self.slot(i);
         s.key_at as usize + usize::from(s.key_len)
     }
 
@@ -228,7 +254,7 @@ impl Packed {
     /// Leaf entry `i`'s value.
     pub(crate) fn value(&self, i: usize) -> ValueRef<'_> {
         let at = self.after_key(i);
-        if self.slots[i].tag == VALUE_EXTENT {
+        if self.slot(i).tag == VALUE_EXTENT {
             return ValueRef::Extent(self.block_ref(at));
         }
         let len = u32::from_le_bytes(self.bytes[at..at + 4].try_into().expect("4 bytes"));
@@ -238,10 +264,7 @@ impl Packed {
     /// Starts fetching entry `i`'s bytes (its value's length follows the key), if
     /// there is such an entry: see [`prefetch`].
     pub(crate) fn prefetch_entry(&self, i: usize) {
-        let at = self
-            .slots
-            .get(i)
-            .map(|s| s.key_at as usize + usize::from(s.key_len));
+        let at = (i < self.len).then(|| self.after_key(i));
         if let Some(byte) = at.and_then(|at| self.bytes.get(at)) {
             prefetch(byte);
         }
@@ -251,9 +274,7 @@ impl Packed {
     pub(crate) fn to_leaf_buf(&self) -> LeafBuf {
         LeafBuf::from_encoded(
             &self.bytes[HEADER_SIZE..],
-            self.slots
-                .iter()
-                .map(|s| s.key_at as usize - LEAF_KEY_AT - HEADER_SIZE),
+            (0..self.len).map(|i| self.slot(i).key_at as usize - LEAF_KEY_AT - HEADER_SIZE),
         )
     }
 
@@ -265,9 +286,10 @@ impl Packed {
     /// Binary search for `key`: `Ok(i)` if entry `i` holds it, else `Err(i)` with
     /// `i` the index where it would be inserted.
     pub(crate) fn search(&self, key: &[u8]) -> std::result::Result<usize, usize> {
-        let Some(first) = self.slots.first() else {
+        if self.len == 0 {
             return Err(0);
-        };
+        }
+        let first = self.slot(0);
         // Every key starts with the first key's `prefix_len` bytes: compare them once.
         let p = self.prefix_len;
         let shared = {
@@ -277,7 +299,7 @@ impl Packed {
         let n = p.min(key.len());
         match cmp_bytes(&key[..n], &shared[..n]) {
             Ordering::Less => return Err(0),
-            Ordering::Greater => return Err(self.slots.len()),
+            Ordering::Greater => return Err(self.len),
             // A key that is a proper prefix of the shared prefix sorts before them all.
             Ordering::Equal if key.len() < p => return Err(0),
             Ordering::Equal => {}
@@ -286,11 +308,12 @@ impl Packed {
         let head = head32(rest);
         // Heads are non-decreasing: the entries below the probe are those whose head
         // is below its head, then those of equal head whose bytes are below.
-        let lo = self.heads.iter().filter(|&&h| h < head).count();
+        let heads = self.heads();
+        let lo = heads.iter().filter(|&&h| h < head).count();
         // The entries that tie on the head are searched by halves (they can be many).
-        let hi = lo + self.heads[lo..].iter().take_while(|&&h| h == head).count();
+        let hi = lo + heads[lo..].iter().take_while(|&&h| h == head).count();
         search_run(lo, hi, |i| {
-            let s = &self.slots[i];
+            let s = self.slot(i);
             let at = s.key_at as usize;
             cmp_bytes(&self.bytes[at + p..at + usize::from(s.key_len)], rest)
         })
