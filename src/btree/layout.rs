@@ -139,22 +139,23 @@ pub(crate) fn search_run(
     Err(lo)
 }
 
-/// Asks the CPU to start fetching the cache line holding `byte` (a hint: nothing is
+/// Asks the CPU to start fetching the cache line holding `at` (a hint: nothing is
 /// read, nothing can fault). A range scan calls it for the entries a few places ahead
 /// of the one it yields, so that their first touches, each a memory miss on a tree
-/// larger than the CPU's caches, overlap instead of following one another.
+/// larger than the CPU's caches, overlap instead of following one another; a
+/// writer's branch search for both entries its next step may read.
 #[inline]
-pub(crate) fn prefetch(byte: &u8) {
+pub(crate) fn prefetch<T>(at: &T) {
     #[cfg(target_arch = "x86_64")]
     #[allow(unsafe_code, reason = "a cache hint: see SAFETY")]
     // SAFETY: `_mm_prefetch` is only a hint to the cache: it never faults and reads
     // nothing the program can observe, whatever the address; SSE is part of x86_64.
     unsafe {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(byte).cast());
+        _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(at).cast());
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = byte;
+    let _ = at;
 }
 
 #[cfg(test)]
