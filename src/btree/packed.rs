@@ -46,8 +46,6 @@ pub(crate) struct Packed {
     /// One allocation for both: a search reads the heads and then a slot or two,
     /// and the lines after the heads are the ones the CPU fetches next.
     index: Box<[u32]>,
-    /// Entries.
-    len: usize,
     /// How many leading bytes every key shares.
     prefix_len: usize,
 }
@@ -67,7 +65,7 @@ impl std::fmt::Debug for Packed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Packed")
             .field("bytes", &self.bytes.len())
-            .field("entries", &self.len)
+            .field("entries", &self.len())
             .field("prefix_len", &self.prefix_len)
             .finish()
     }
@@ -165,7 +163,6 @@ impl Packed {
         }
         let packed = Packed {
             index: index.into_boxed_slice(),
-            len: slots.len(),
             bytes: buf.into_boxed_slice(),
             prefix_len,
         };
@@ -204,18 +201,19 @@ impl Packed {
         Ok(Header { level, kind, count })
     }
 
+    /// Entries: the index holds three words for each.
     pub(crate) fn len(&self) -> usize {
-        self.len
+        self.index.len() / 3
     }
 
     /// Every entry's head, in order.
     fn heads(&self) -> &[u32] {
-        &self.index[..self.len]
+        &self.index[..self.len()]
     }
 
     /// Entry `i`'s slot.
     fn slot(&self, i: usize) -> Slot {
-        let at = self.len + 2 * i;
+        let at = self.len() + 2 * i;
         let (key_at, rest) = (self.index[at], self.index[at + 1]);
         Slot {
             key_at,
@@ -264,7 +262,7 @@ impl Packed {
     /// Starts fetching entry `i`'s bytes (its value's length follows the key), if
     /// there is such an entry: see [`prefetch`].
     pub(crate) fn prefetch_entry(&self, i: usize) {
-        let at = (i < self.len).then(|| self.after_key(i));
+        let at = (i < self.len()).then(|| self.after_key(i));
         if let Some(byte) = at.and_then(|at| self.bytes.get(at)) {
             prefetch(byte);
         }
@@ -274,7 +272,7 @@ impl Packed {
     pub(crate) fn to_leaf_buf(&self) -> LeafBuf {
         LeafBuf::from_encoded(
             &self.bytes[HEADER_SIZE..],
-            (0..self.len).map(|i| self.slot(i).key_at as usize - LEAF_KEY_AT - HEADER_SIZE),
+            (0..self.len()).map(|i| self.slot(i).key_at as usize - LEAF_KEY_AT - HEADER_SIZE),
         )
     }
 
@@ -286,7 +284,7 @@ impl Packed {
     /// Binary search for `key`: `Ok(i)` if entry `i` holds it, else `Err(i)` with
     /// `i` the index where it would be inserted.
     pub(crate) fn search(&self, key: &[u8]) -> std::result::Result<usize, usize> {
-        if self.len == 0 {
+        if self.len() == 0 {
             return Err(0);
         }
         let first = self.slot(0);
@@ -299,7 +297,7 @@ impl Packed {
         let n = p.min(key.len());
         match cmp_bytes(&key[..n], &shared[..n]) {
             Ordering::Less => return Err(0),
-            Ordering::Greater => return Err(self.len),
+            Ordering::Greater => return Err(self.len()),
             // A key that is a proper prefix of the shared prefix sorts before them all.
             Ordering::Equal if key.len() < p => return Err(0),
             Ordering::Equal => {}
