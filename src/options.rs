@@ -2,6 +2,7 @@
 //! [`Durability`], with their defaults and why they are what they are.
 
 use crate::io::Vfs;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -148,11 +149,60 @@ fn physical_memory() -> Option<u64> {
     kib.checked_mul(1024)
 }
 
-/// The cgroup v2 memory limit of this process's group, if it has one ("max" means
-/// none).
+/// The lowest memory limit set on this process's cgroup or any of its ancestors
+/// (cgroup v2's `memory.max`, v1's `memory.limit_in_bytes`), if one is set. A
+/// container's limit may sit on a parent of the group the process is in, and under
+/// v1 (still common in container hosts) it is in another file in another tree.
 fn cgroup_memory_limit() -> Option<u64> {
-    let text = std::fs::read_to_string("/sys/fs/cgroup/memory.max").ok()?;
-    text.trim().parse().ok()
+    let groups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let v2_root = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        "/sys/fs/cgroup"
+    } else {
+        "/sys/fs/cgroup/unified"
+    };
+    cgroup_limit_files(
+        &groups,
+        Path::new(v2_root),
+        Path::new("/sys/fs/cgroup/memory"),
+    )
+    .iter()
+    // "max" (v2) parses as no limit; v1's "no limit" is a huge number, which
+    // the minimum with the machine's memory discards.
+    .filter_map(|file| std::fs::read_to_string(file).ok()?.trim().parse().ok())
+    .min()
+}
+
+/// The files that may hold a memory limit for the groups named in
+/// `/proc/self/cgroup` (`proc_self_cgroup`): each group's and every ancestor's, up to
+/// and including the hierarchy's root as mounted (inside a cgroup namespace the
+/// group is "/" and the mount's root is the container's own group).
+fn cgroup_limit_files(
+    proc_self_cgroup: &str,
+    v2_root: &Path,
+    v1_memory_root: &Path,
+) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for line in proc_self_cgroup.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(group)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        let (root, file) = if id == "0" && controllers.is_empty() {
+            (v2_root, "memory.max")
+        } else if controllers.split(',').any(|c| c == "memory") {
+            (v1_memory_root, "memory.limit_in_bytes")
+        } else {
+            continue;
+        };
+        let mut dir = Some(Path::new(group.trim_start_matches('/')));
+        while let Some(d) = dir {
+            files.push(root.join(d).join(file));
+            dir = d.parent();
+        }
+    }
+    files
 }
 
 impl std::fmt::Debug for Options {
@@ -240,5 +290,43 @@ mod tests {
         ] {
             assert_eq!(cache_bytes_for(memory), budget, "{memory} bytes of memory");
         }
+    }
+
+    #[test]
+    fn cgroup_limits_are_looked_for_in_the_group_and_its_ancestors_under_v1_and_v2() {
+        let v2 = Path::new("/v2");
+        let v1 = Path::new("/v1mem");
+        let files = |text| {
+            cgroup_limit_files(text, v2, v1)
+                .into_iter()
+                .map(|p| p.to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+        };
+        // Pure v2, a nested group.
+        assert_eq!(
+            files("0::/user.slice/app.scope\n"),
+            [
+                "/v2/user.slice/app.scope/memory.max",
+                "/v2/user.slice/memory.max",
+                "/v2/memory.max"
+            ]
+        );
+        // v1 (a hybrid host): only the memory controller's line counts, even when it
+        // shares its hierarchy with another controller.
+        assert_eq!(
+            files("9:name=systemd:/\n4:memory:/process_api/abc\n2:cpu,cpuacct:/x\n0::/\n"),
+            [
+                "/v1mem/process_api/abc/memory.limit_in_bytes",
+                "/v1mem/process_api/memory.limit_in_bytes",
+                "/v1mem/memory.limit_in_bytes",
+                "/v2/memory.max",
+            ]
+        );
+        assert_eq!(
+            files("5:cpuset,memory:/\n"),
+            ["/v1mem/memory.limit_in_bytes"]
+        );
+        // Malformed lines are skipped, never a panic.
+        assert!(files("garbage\n::\n7:pids:/a\n").is_empty());
     }
 }
