@@ -12,9 +12,8 @@ pub struct Options {
     /// Page cache budget in bytes: what the cached nodes occupy in memory, about 1.1
     /// times their size on disk (a node's bytes, 12 bytes per entry, ~150 bytes of
     /// bookkeeping). The default is [`default_cache_bytes`]: a quarter of the memory
-    /// this process may use, at least 1 GiB (redb's default; half the memory where
-    /// that is less than 2 GiB), which takes memory only
-    /// as nodes are read. Give it 1.1 times the tree's size for reads that never wait
+    /// this process may use (1 GiB, redb's default, where that is not known), which
+    /// takes memory only as nodes are read. Give it 1.1 times the tree's size for reads that never wait
     /// on a `pread`: a miss costs a `pread`, a checksum, a parse and an eviction,
     /// several hits' worth even when the OS has the node in its page cache (see
     /// BENCHMARKS.md), so a cache smaller than the tree spends the machine's memory
@@ -87,9 +86,9 @@ impl Default for Options {
 }
 
 /// The default page cache budget ([`Options::cache_bytes`]): a quarter of the memory
-/// this process may use (the machine's, or its cgroup's limit if lower), at least
-/// 1 GiB, or half that memory where it is under 2 GiB. A budget, not an allocation: nodes take it as they are read, so a small
-/// store costs what its tree occupies. A quarter because, unlike a memory-mapped
+/// this process may use (the machine's, or its cgroup's limit if lower; 1 GiB if
+/// neither is known). A budget, not an allocation: nodes take it as they are read,
+/// so a small store costs what its tree occupies. A quarter because, unlike a memory-mapped
 /// engine, cambium reads through its own cache; a store that outgrows it but not
 /// the machine's memory is read at `pread` speed, which WiredTiger's half of the
 /// memory and the quarter usually given to PostgreSQL's buffers also avoid. With
@@ -99,15 +98,15 @@ pub fn default_cache_bytes() -> usize {
     *BYTES.get_or_init(|| usize::try_from(cache_bytes_for(usable_memory())).unwrap_or(usize::MAX))
 }
 
-/// The cache budget for `usable` bytes of memory (0: not known). The floor keeps a
-/// small machine's cache useful, but never past half the memory: a container limited
-/// to 1 GiB must not be told to cache 1 GiB.
+/// The cache budget for `usable` bytes of memory (0: not known). A quarter also on
+/// small machines: with half of a 1 GiB container (the floor this had), a 12M-key
+/// load into it was killed for memory (BENCHMARKS.md, "Bulk loads in a small
+/// container").
 fn cache_bytes_for(usable: u64) -> u64 {
-    let floor = match usable {
+    match usable {
         0 => 1 << 30,
-        m => (1 << 30).min(m / 2),
-    };
-    (usable / 4).max(floor)
+        m => m / 4,
+    }
 }
 
 /// The default of both dirty-node budgets ([`Options::checkpoint_dirty_bytes`],
@@ -269,22 +268,20 @@ mod tests {
     }
 
     #[test]
-    fn the_cache_is_a_quarter_of_memory_and_at_least_a_gib_or_half() {
+    fn the_cache_is_a_quarter_of_memory() {
         let c = default_cache_bytes();
         if let Some(m) = physical_memory() {
             let limit = cgroup_memory_limit().map_or(m, |l| l.min(m));
             assert_eq!(c as u64, cache_bytes_for(limit));
         }
         assert_eq!(Options::default().cache_bytes, c);
-        // A quarter from 4 GiB on; 1 GiB from 2 to 4 GiB; half below 2 GiB (a
-        // container limited to 1 GiB gets 512 MiB, not all of it); 1 GiB when the
-        // memory is not known.
+        // A quarter at every size; 1 GiB when the memory is not known.
         for (memory, budget) in [
             (0, GIB),
-            (512 * MIB, 256 * MIB),
-            (GIB, 512 * MIB),
-            (2 * GIB, GIB),
-            (3 * GIB, GIB),
+            (512 * MIB, 128 * MIB),
+            (GIB, 256 * MIB),
+            (2 * GIB, 512 * MIB),
+            (3 * GIB, 768 * MIB),
             (8 * GIB, 2 * GIB),
             (24 * GIB, 6 * GIB),
         ] {

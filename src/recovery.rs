@@ -51,6 +51,7 @@ fn is_store_file(name: &str) -> bool {
     between("seg-", ".dat")
         || between("wal-", ".log")
         || between("backref-", ".run")
+        || between("txn-", ".run")
         || [
             SUPERBLOCK_TMP,
             "reserve",
@@ -163,6 +164,8 @@ pub(crate) fn open(
         return open_reader(vfs, dir, label, opts);
     }
     let lock: Arc<dyn StoreLock> = take_writer_lock(&*vfs, opts.lock_wait)?.into();
+    // A crashed writer's large transaction may have left its sorted runs.
+    crate::txn::remove_stale_runs(&*vfs)?;
     settle(load(vfs, dir, label, opts, lock, None)?)
 }
 

@@ -34,7 +34,11 @@ use crate::wal::{BatchWriter, Op};
 use std::ops::{Bound, RangeBounds};
 use std::sync::{Arc, MutexGuard, OnceLock};
 
+mod deferred;
 mod spill;
+
+pub(crate) use deferred::remove_stale_runs;
+use deferred::{Deferred, Edit, EditRef};
 
 /// A transaction whose logged operations pass this size commits by checkpoint
 /// instead of through the WAL: its data is written once, into nodes, not twice.
@@ -83,6 +87,13 @@ pub struct WriteTxn<'s> {
     spilled_through: u64,
     /// Bytes of entries added since the last spill.
     grown_bytes: u64,
+    /// Whether every key edited so far came after the one before (an import in key
+    /// order), and the last of them while so.
+    ascending: bool,
+    last_key: Vec<u8>,
+    /// The edits of a large transaction whose keys came out of order, applied at
+    /// commit in key order (`deferred.rs`).
+    deferred: Option<Deferred>,
 }
 
 impl std::fmt::Debug for WriteTxn<'_> {
@@ -120,6 +131,9 @@ impl<'s> WriteTxn<'s> {
             failed: None,
             spilled_through: 0,
             grown_bytes: 0,
+            ascending: true,
+            last_key: Vec::new(),
+            deferred: None,
         })
     }
 
@@ -158,9 +172,7 @@ impl<'s> WriteTxn<'s> {
         } else {
             Op::Put { key, value }
         };
-        self.apply(&op)?;
-        self.log(&op);
-        self.spill_if_due()
+        self.edit(&op).map(drop)
     }
 
     /// Inserts or replaces several keys, in order (a later pair wins over an earlier
@@ -232,9 +244,7 @@ impl<'s> WriteTxn<'s> {
             } else {
                 Op::Put { key, value }
             };
-            self.apply(&op)?;
-            self.log(&op);
-            self.spill_if_due()?;
+            self.edit(&op)?;
         }
         Ok(())
     }
@@ -243,25 +253,83 @@ impl<'s> WriteTxn<'s> {
     pub fn delete(&mut self, key: &[u8]) -> Result<bool> {
         check_key(key)?;
         self.check_usable()?;
-        let op = Op::Delete { key };
-        let existed = self.apply(&op)?;
-        if existed {
-            self.log(&op);
+        self.edit(&Op::Delete { key })
+    }
+
+    /// Applies `op` to the tree, or defers it (`deferred.rs`) in a large transaction
+    /// whose keys came out of order. Returns whether a value was replaced or removed
+    /// (deferred puts report `true`).
+    fn edit(&mut self, op: &Op<'_>) -> Result<bool> {
+        let key = op_key(op);
+        if self.deferred.is_some() {
+            let edit = match *op {
+                Op::Put { value, .. } => Edit::Put(value.into()),
+                Op::PutExtent { extent, .. } => Edit::Extent(extent),
+                Op::Delete { .. } => {
+                    if !self.contains(key).inspect_err(|e| self.fail(e))? {
+                        return Ok(false);
+                    }
+                    Edit::Delete
+                }
+            };
+            self.ops += 1;
+            let deferred = self.deferred.as_mut().expect("checked above");
+            let pushed = deferred.push(key, edit);
+            pushed.inspect_err(|e| self.fail(e))?;
+            return Ok(true);
+        }
+        if self.ascending {
+            if key > self.last_key.as_slice() {
+                self.last_key.clear();
+                self.last_key.extend_from_slice(key);
+            } else {
+                self.ascending = false;
+                self.last_key = Vec::new();
+            }
+        }
+        let changed = self.apply(op)?;
+        if changed || !matches!(op, Op::Delete { .. }) {
+            self.log(op);
         }
         self.spill_if_due()?;
-        Ok(existed)
+        Ok(changed)
+    }
+
+    /// Whether `key` is there as this transaction sees it (no value is read).
+    fn contains(&self, key: &[u8]) -> Result<bool> {
+        match self.deferred_edit(key)? {
+            Some(edit) => Ok(edit != Edit::Delete),
+            None => {
+                let found =
+                    btree::get_with(self.shared.loader(), self.root.as_ref(), key, |_| Ok(()))?;
+                Ok(found.is_some())
+            }
+        }
+    }
+
+    /// The newest deferred edit of `key`, if this transaction defers and has one.
+    fn deferred_edit(&self, key: &[u8]) -> Result<Option<Edit>> {
+        match &self.deferred {
+            Some(d) => d.get(key),
+            None => Ok(None),
+        }
     }
 
     /// Reads `key` as this transaction sees it (its own writes included).
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        let loader = self.shared.loader();
-        btree::get_with(loader, self.root.as_ref(), key, |v| loader.value(v))
+        self.get_with(key, <[u8]>::to_vec)
     }
 
     /// Runs `f` on the value of `key` as this transaction sees it, borrowed (see
     /// [`ReadTxn::get_with`]).
     pub fn get_with<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
-        get_borrowed(self.shared.loader(), self.root.as_ref(), key, f)
+        let loader = self.shared.loader();
+        match self.deferred_edit(key)? {
+            Some(Edit::Put(v)) => Ok(Some(f(&v))),
+            Some(Edit::Extent(r)) => Ok(Some(f(&loader.extent(r)?))),
+            Some(Edit::Delete) => Ok(None),
+            None => get_borrowed(loader, self.root.as_ref(), key, f),
+        }
     }
 
     /// Up to `limit` keys `k` with `start <= k < end`, in order, as this transaction
@@ -271,12 +339,44 @@ impl<'s> WriteTxn<'s> {
         let loader = self.shared.loader();
         let mut keys = Vec::new();
         let mut cursor = Cursor::seek(loader, self.root.as_ref(), Seek::AtOrAfter(start, false))?;
-        while keys.len() < limit {
-            match cursor.current() {
-                Some((key, _)) if key < end => keys.push(key.to_vec()),
-                _ => break,
+        let Some(deferred) = &self.deferred else {
+            while keys.len() < limit {
+                match cursor.current() {
+                    Some((key, _)) if key < end => keys.push(key.to_vec()),
+                    _ => break,
+                }
+                cursor.advance(loader)?;
             }
-            cursor.advance(loader)?;
+            return Ok(keys);
+        };
+        // The tree and the deferred edits merged; on a key both have, the edit wins.
+        let mut merge = deferred.merged_from(start)?;
+        while keys.len() < limit {
+            let in_tree = cursor.current().map(|(k, _)| k);
+            let edited = merge.current();
+            let (key, from_tree, from_edits) = match (in_tree, edited) {
+                (None, None) => break,
+                (Some(t), None) => (t, true, false),
+                (None, Some((k, _))) => (k, false, true),
+                (Some(t), Some((k, _))) => match t.cmp(k) {
+                    std::cmp::Ordering::Less => (t, true, false),
+                    std::cmp::Ordering::Equal => (k, true, true),
+                    std::cmp::Ordering::Greater => (k, false, true),
+                },
+            };
+            if key >= end {
+                break;
+            }
+            let deleted = from_edits && matches!(merge.current(), Some((_, EditRef::Delete)));
+            if !deleted {
+                keys.push(key.to_vec());
+            }
+            if from_tree {
+                cursor.advance(loader)?;
+            }
+            if from_edits {
+                merge.advance()?;
+            }
         }
         Ok(keys)
     }
@@ -315,6 +415,34 @@ impl<'s> WriteTxn<'s> {
         self.changes.record_written(spilled.written, spilled.edges);
         self.spilled_through = self.changes.copied_written_bytes();
         self.grown_bytes = 0;
+        if !self.ascending && self.deferred.is_none() && self.failed.is_none() {
+            // Out of order and larger than the budget: from here edits are sorted
+            // before they reach the tree (`deferred.rs`).
+            let budget = self.shared.opts.txn_dirty_bytes;
+            self.deferred = Some(Deferred::new(Arc::clone(&self.shared.vfs), budget));
+        }
+        Ok(())
+    }
+
+    /// Applies the deferred edits to the tree, merged in key order (at commit).
+    fn apply_deferred(&mut self, mut deferred: Deferred) -> Result<()> {
+        deferred.finish().inspect_err(|e| self.fail(e))?;
+        // Edits applied from here spill as any large transaction's do; they start
+        // out in order, so they are never deferred again.
+        self.ascending = true;
+        self.last_key.clear();
+        let mut merge = deferred.merged_from(&[]).inspect_err(|e| self.fail(e))?;
+        while let Some((key, edit)) = merge.current() {
+            let op = match edit {
+                EditRef::Put(value) => Op::Put { key, value },
+                EditRef::Extent(extent) => Op::PutExtent { key, extent },
+                EditRef::Delete => Op::Delete { key },
+            };
+            self.apply(&op)?;
+            self.grown_bytes += op_bytes(&op);
+            self.spill_if_due()?;
+            merge.advance().inspect_err(|e| self.fail(e))?;
+        }
         Ok(())
     }
 
@@ -338,6 +466,9 @@ impl<'s> WriteTxn<'s> {
     /// Commits: atomic, and durable on return under [`Durability::Immediate`].
     pub fn commit(mut self) -> Result<()> {
         self.check_usable()?;
+        if let Some(deferred) = self.deferred.take() {
+            self.apply_deferred(deferred)?;
+        }
         let shared = self.shared;
         let mut guard = self
             .guard
@@ -418,6 +549,13 @@ fn op_bytes(op: &Op<'_>) -> u64 {
         Op::Delete { .. } => 0,
     };
     bytes as u64
+}
+
+/// The key `op` edits.
+fn op_key<'k>(op: &Op<'k>) -> &'k [u8] {
+    match *op {
+        Op::Put { key, .. } | Op::PutExtent { key, .. } | Op::Delete { key } => key,
+    }
 }
 
 /// Sets the root of branch `id`, which an open transaction keeps in the catalog.

@@ -94,3 +94,122 @@ fn spilled_transactions_commit_abort_and_reopen_cleanly() {
     store.checkpoint().unwrap();
     check(&store, &model, "main");
 }
+
+/// The sorted runs a large transaction's out-of-order edits go to (`txn-*.run`).
+fn run_files(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name().into_string().unwrap();
+            name.starts_with("txn-") && name.ends_with(".run")
+        })
+        .count()
+}
+
+/// A large transaction of random puts (inline and out of line), deletes and reads,
+/// against a model: past its budget it defers its edits to sorted runs, and reads
+/// inside it (`get`, `keys_in`), its deletes' answers and what it commits must all
+/// be what the model says; an abort leaves nothing; a snapshot keeps its data.
+#[test]
+fn out_of_order_edits_are_deferred_read_back_and_committed_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::create_with(dir.path(), opts()).unwrap();
+    let mut model = BTreeMap::new();
+    let mut txn = store.begin_write().unwrap();
+    for i in 0..5_000u64 {
+        let v = format!("base{i}").into_bytes();
+        txn.put(&key(i), &v).unwrap();
+        model.insert(key(i), v);
+    }
+    txn.commit().unwrap();
+    store.snapshot("main", "base").unwrap();
+    let base = model.clone();
+
+    let mut seed = 7u64;
+    let mut rand = move |n: u64| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) % n
+    };
+    for commit in [true, false] {
+        let before = model.clone();
+        let mut txn = store.begin_write().unwrap();
+        let mut deferred_seen = false;
+        for op in 0..40_000u64 {
+            let k = key(rand(20_000));
+            match rand(10) {
+                0..=5 => {
+                    let len = if rand(40) == 0 {
+                        1_500 + rand(2_000)
+                    } else {
+                        10 + rand(190)
+                    };
+                    let v = vec![b'a' + (op % 26) as u8; len as usize];
+                    txn.put(&k, &v).unwrap();
+                    model.insert(k, v);
+                }
+                6..=7 => {
+                    let existed = txn.delete(&k).unwrap();
+                    assert_eq!(
+                        existed,
+                        model.remove(&k).is_some(),
+                        "delete {k:?} at op {op}"
+                    );
+                }
+                _ => assert_eq!(
+                    txn.get(&k).unwrap(),
+                    model.get(&k).cloned(),
+                    "get {k:?} at op {op}"
+                ),
+            }
+            if op % 997 == 0 {
+                let (a, b) = (key(rand(20_000)), key(rand(20_000)));
+                let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+                let limit = 1 + rand(300) as usize;
+                let want: Vec<Vec<u8>> = model
+                    .range(lo.clone()..hi.clone())
+                    .map(|(k, _)| k.clone())
+                    .take(limit)
+                    .collect();
+                assert_eq!(
+                    txn.keys_in(&lo, &hi, limit).unwrap(),
+                    want,
+                    "keys_in at op {op}"
+                );
+            }
+            deferred_seen |= run_files(dir.path()) > 0;
+        }
+        assert!(
+            deferred_seen,
+            "a 64 KiB budget must defer 40,000 random edits to runs"
+        );
+        if commit {
+            txn.commit().unwrap();
+        } else {
+            drop(txn);
+            model = before;
+        }
+        assert_eq!(run_files(dir.path()), 0, "runs outlive their transaction");
+        check(&store, &model, "main");
+        check(&store, &base, "base");
+    }
+    store.close().unwrap();
+    let store = Store::open_with(dir.path(), opts()).unwrap();
+    check(&store, &model, "main");
+    check(&store, &base, "base");
+}
+
+/// Run files a crashed writer left are removed when the store is next opened.
+#[test]
+fn a_crashed_transactions_runs_are_removed_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    Store::create_with(dir.path(), opts())
+        .unwrap()
+        .close()
+        .unwrap();
+    std::fs::write(dir.path().join("txn-00000003.run"), b"left by a crash").unwrap();
+    let store = Store::open_with(dir.path(), opts()).unwrap();
+    assert_eq!(run_files(dir.path()), 0);
+    assert!(store.verify().unwrap().is_clean());
+}

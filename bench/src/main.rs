@@ -42,6 +42,8 @@ USAGE: cargo run --release -p cambium-bench -- [FLAGS]
   --individual-writes N single-insert durable txns (default 1000)
   --batch-txns N        durable txns in the batch-writes workload (default 100)
   --batch-size N        inserts per batch txn (default 1000)
+  --reads N             random point reads per pass, the first N keys loaded, in load
+                        order (default n)
   --range-scans N       range scans (default n/2)
   --range-len N         entries read per range scan (default 10)
   --removals N          keys removed in one txn (default n/2)
@@ -76,6 +78,7 @@ struct Config {
     individual_writes: u64,
     batch_txns: u64,
     batch_size: u64,
+    reads: Option<u64>,
     range_scans: Option<u64>,
     range_len: usize,
     removals: Option<u64>,
@@ -103,6 +106,9 @@ impl Config {
     /// three write phases come from different seeds, so none repeats), nothing removed yet.
     fn scan_entries(&self) -> u64 {
         self.n + self.individual_writes + self.batch_txns * self.batch_size
+    }
+    fn reads(&self) -> u64 {
+        self.reads.unwrap_or(self.n).min(self.n)
     }
     fn range_scans(&self) -> u64 {
         self.range_scans.unwrap_or(self.n / 2)
@@ -149,6 +155,7 @@ fn parse_args() -> Result<Config, String> {
         individual_writes: 1000,
         batch_txns: 100,
         batch_size: 1000,
+        reads: None,
         range_scans: None,
         range_len: 10,
         removals: None,
@@ -191,6 +198,7 @@ fn parse_args() -> Result<Config, String> {
             "--individual-writes" => iw = Some(num(&a, args.next())?),
             "--batch-txns" => bt = Some(num(&a, args.next())?),
             "--batch-size" => c.batch_size = num(&a, args.next())?,
+            "--reads" => c.reads = Some(num(&a, args.next())?),
             "--range-scans" => c.range_scans = Some(num(&a, args.next())?),
             "--range-len" => c.range_len = num(&a, args.next())?,
             "--removals" => c.removals = Some(num(&a, args.next())?),
@@ -317,7 +325,7 @@ impl W {
                 sep(c.batch_size)
             ),
             W::RandomReads1 => "random reads, first pass (info)".into(),
-            W::RandomReads => format!("random reads ({} gets, second pass)", sep(c.n)),
+            W::RandomReads => format!("random reads ({} gets, second pass)", sep(c.reads())),
             W::RangeReads1 => "range reads, first pass (info)".into(),
             W::RangeReads => format!(
                 "range reads ({} scans × {} entries, second pass)",
@@ -337,7 +345,8 @@ impl W {
     /// Operations counted for ops/s (0: a duration only).
     fn ops(self, c: &Config) -> u64 {
         match self {
-            W::BulkLoad | W::RandomReads | W::RandomReads1 => c.n,
+            W::BulkLoad => c.n,
+            W::RandomReads | W::RandomReads1 => c.reads(),
             W::IndividualWrites => c.individual_writes,
             W::BatchWrites => c.batch_txns * c.batch_size,
             W::RangeReads | W::RangeReads1 => c.range_scans(),
@@ -503,12 +512,14 @@ fn run_engine<E: Engine>(c: &Config, equal: bool, rep: usize) -> Res<RunResult> 
         progress(&e);
 
         // Two passes of each read workload; the second is the one reported and compared.
+        let reads = c.reads();
+        let read_bytes = reads * workload::VALUE_SIZE as u64;
         for w in [W::RandomReads1, W::RandomReads] {
-            let sum = timed(w, &mut out, || e.read_txn(pairs(SEED_MAIN, n)))?;
+            let sum = timed(w, &mut out, || e.read_txn(pairs(SEED_MAIN, reads)))?;
             progress(&e);
-            if sum != n * workload::VALUE_SIZE as u64 {
+            if sum != read_bytes {
                 return Err(
-                    format!("random reads: value bytes {sum}, expected {}", n * 150).into(),
+                    format!("random reads: value bytes {sum}, expected {read_bytes}").into(),
                 );
             }
         }
