@@ -84,3 +84,76 @@ fn a_crash_inside_a_large_commit_leaves_a_store_that_opens() {
     }
     eprintln!("{checked} crash points over {ops} operations");
 }
+
+/// An I/O error anywhere in a large transaction (its spills, the sorted runs its
+/// out-of-order edits go to, their merge, its checkpoint) fails it as a whole: the
+/// store holds all of it (an error after its superblock was durable) or none of it,
+/// and the next transaction commits.
+#[test]
+fn an_io_error_inside_a_large_transaction_fails_it_whole() {
+    use std::collections::BTreeMap;
+    type Model = BTreeMap<Vec<u8>, Vec<u8>>;
+    let vfs = SimVfs::new();
+    {
+        let store = cambium::Store::create_with(SIM_PATH, options(&vfs)).unwrap();
+        store.put(b"before", b"1").unwrap();
+        store.close().unwrap();
+    }
+    let base: Model = [(b"before".to_vec(), b"1".to_vec())].into();
+    // The transaction, applied to the store and to a model of it.
+    let large = |store: &cambium::Store, model: &mut Model, tag: &str| -> cambium::Result<()> {
+        let mut txn = store.begin_write()?;
+        for i in 0..3_000 {
+            let v = format!("{tag} {i}").into_bytes();
+            txn.put(&key(i), &v)?;
+            model.insert(key(i), v);
+            if i % 7 == 0 {
+                txn.delete(&key(i / 2))?;
+                model.remove(&key(i / 2));
+            }
+        }
+        txn.commit()
+    };
+    let contents = |store: &cambium::Store| -> Model {
+        let read = store.read().unwrap();
+        read.iter().unwrap().map(Result::unwrap).collect()
+    };
+    let ops = {
+        let fork = vfs.fork();
+        let store = cambium::Store::open_with(SIM_PATH, options(&fork)).unwrap();
+        let before = fork.op_count();
+        large(&store, &mut base.clone(), "probe").unwrap();
+        fork.op_count() - before
+    };
+    let mut failed = 0;
+    for fail_at in (0..ops).step_by((ops / 30).max(1) as usize) {
+        let fork = vfs.fork();
+        let store = cambium::Store::open_with(SIM_PATH, options(&fork)).unwrap();
+        fork.set_fail_once_after(Some(fail_at));
+        let mut all = base.clone();
+        if large(&store, &mut all, "failed").is_ok() {
+            continue;
+        }
+        failed += 1;
+        // A store whose checkpoint failed refuses writes (poisoned) until reopened.
+        let store = if store.put(b"probe", b"").is_ok() && store.delete(b"probe").is_ok() {
+            store
+        } else {
+            drop(store);
+            open_sim(&fork).unwrap()
+        };
+        let got = contents(&store);
+        assert!(
+            got == base || got == all,
+            "failed at {fail_at} of {ops}: part of it is there"
+        );
+        let mut model = got;
+        large(&store, &mut model, "retry").unwrap();
+        assert!(contents(&store) == model, "failed at {fail_at}: the retry");
+        assert!(store.verify().unwrap().is_clean(), "failed at {fail_at}");
+    }
+    assert!(
+        failed > 10,
+        "{failed} of the injected errors failed the transaction"
+    );
+}
