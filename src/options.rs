@@ -3,7 +3,7 @@
 
 use crate::io::Vfs;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How to open a store.
@@ -93,9 +93,11 @@ impl Default for Options {
 /// the machine's memory is read at `pread` speed, which WiredTiger's half of the
 /// memory and the quarter usually given to PostgreSQL's buffers also avoid. With
 /// the dirty budgets (an eighth each) a writer's worst case is half the memory.
+///
+/// Computed at each call (a few small reads of /proc and /sys, at open): a process
+/// moved into another cgroup, or whose limit changed, is sized to where it is.
 pub fn default_cache_bytes() -> usize {
-    static BYTES: OnceLock<usize> = OnceLock::new();
-    *BYTES.get_or_init(|| usize::try_from(cache_bytes_for(usable_memory())).unwrap_or(usize::MAX))
+    usize::try_from(cache_bytes_for(usable_memory())).unwrap_or(usize::MAX)
 }
 
 /// The cache budget for `usable` bytes of memory (0: not known). A quarter also on
@@ -115,9 +117,9 @@ fn cache_bytes_for(usable: u64) -> u64 {
 /// is 4 GiB or more) and at most 4 GiB.
 /// Held only while that much is dirty (a bulk load); a writer may hold both at once,
 /// plus the set a background checkpoint is writing.
+/// Computed at each call, as [`default_cache_bytes`].
 pub fn default_dirty_bytes() -> u64 {
-    static BYTES: OnceLock<u64> = OnceLock::new();
-    *BYTES.get_or_init(|| dirty_bytes_for(usable_memory()))
+    dirty_bytes_for(usable_memory())
 }
 
 /// A dirty budget for `usable` bytes of memory (0: not known): the floor, like the

@@ -19,13 +19,10 @@ pub struct Cambium {
 }
 
 #[cfg(feature = "engine-cambium")]
-impl Engine for Cambium {
-    const NAME: &'static str = "cambium";
-
-    fn create(dir: &Path, tuning: &Tuning) -> Res<Self> {
-        // Default options (a node cache of a quarter of memory, at least 1 GiB;
-        // background checkpoints on); the equal configuration gives the node cache the
-        // peers' 4 GiB.
+impl Cambium {
+    /// Default options (a node cache of a quarter of memory; background checkpoints
+    /// on); the equal configuration gives the node cache the peers' 4 GiB.
+    fn options(tuning: &Tuning) -> cambium::Options {
         let mut opts = cambium::Options::default();
         if tuning.equal {
             opts.cache_bytes = EQUAL_BUDGET;
@@ -37,7 +34,21 @@ impl Engine for Cambium {
             opts.checkpoint_dirty_bytes = b;
             opts.txn_dirty_bytes = b;
         }
-        let store = cambium::Store::create_with(dir.join("store"), opts)?;
+        opts
+    }
+}
+
+#[cfg(feature = "engine-cambium")]
+impl Engine for Cambium {
+    const NAME: &'static str = "cambium";
+
+    fn create(dir: &Path, tuning: &Tuning) -> Res<Self> {
+        let store = cambium::Store::create_with(dir.join("store"), Self::options(tuning))?;
+        Ok(Cambium { store })
+    }
+
+    fn reopen(dir: &Path, tuning: &Tuning) -> Res<Self> {
+        let store = cambium::Store::open_with(dir.join("store"), Self::options(tuning))?;
         Ok(Cambium { store })
     }
 
@@ -254,9 +265,13 @@ impl Engine for Lmdb {
         // default (10 MiB) cannot hold the data, and the map size is a limit, not memory
         // (the OS page cache is LMDB's).
         let env = unsafe {
-            heed::EnvOpenOptions::new()
-                .map_size(tuning.map_bytes)
-                .open(&path)?
+            let mut options = heed::EnvOpenOptions::new();
+            options.map_size(tuning.map_bytes);
+            if tuning.lmdb_no_readahead {
+                // SAFETY: a flag about read-ahead only, valid on any environment.
+                options.flags(heed::EnvFlags::NO_READ_AHEAD);
+            }
+            options.open(&path)?
         };
         let wtxn = env.write_txn()?;
         let db = env
@@ -267,6 +282,11 @@ impl Engine for Lmdb {
             })?
             .unwrap_commit();
         Ok(Lmdb { env, db })
+    }
+
+    /// `create` opens an existing environment and its unnamed database as well.
+    fn reopen(dir: &Path, tuning: &Tuning) -> Res<Self> {
+        Self::create(dir, tuning)
     }
 
     fn insert_txn(&mut self, pairs: impl Iterator<Item = (Key, Value)>) -> Res<()> {

@@ -52,6 +52,15 @@ USAGE: cargo run --release -p cambium-bench -- [FLAGS]
                         txn_dirty_bytes) in every configuration (diagnosis)
   --alloc A             the allocator of every engine's process: mimalloc (the cambium
                         binary's; default) or system (glibc's malloc)
+  --reads-in-cgroup DIR after the write phases each engine closes its database, moves
+                        into the cgroup DIR (v1 or v2: its cgroup.procs), drops the OS
+                        page cache (root only) and reopens it with the options it
+                        would choose there: the read phases, removals and close then
+                        run under that cgroup's memory limit, each engine sized by its
+                        defaults to it (the store-larger-than-the-default-cache case,
+                        without building the store under the limit)
+  --lmdb-no-readahead   open LMDB with MDB_NORDAHEAD (tuning, not its default: what a
+                        user whose data outgrows memory sets)
   --dir DIR             parent of the per-run temp directories (default $TMPDIR or /tmp)
   --json FILE           also write machine-readable results to FILE
   --keep                keep the database directories (default: deleted after each run)
@@ -83,6 +92,8 @@ struct Config {
     range_len: usize,
     removals: Option<u64>,
     dir: PathBuf,
+    reads_in_cgroup: Option<PathBuf>,
+    lmdb_no_readahead: bool,
     json: Option<PathBuf>,
     keep: bool,
     /// `--alloc`: "mimalloc" or "system", passed to the children in `alloc::ALLOC_ENV`.
@@ -122,6 +133,7 @@ impl Config {
             cambium_cache_bytes: self.cambium_cache_bytes,
             cambium_dirty_bytes: self.cambium_dirty_bytes,
             map_bytes: workload::map_bytes(self.n),
+            lmdb_no_readahead: self.lmdb_no_readahead,
         }
     }
 }
@@ -160,6 +172,8 @@ fn parse_args() -> Result<Config, String> {
         range_len: 10,
         removals: None,
         dir: std::env::temp_dir(),
+        reads_in_cgroup: None,
+        lmdb_no_readahead: false,
         json: None,
         keep: false,
         alloc: "mimalloc".into(),
@@ -199,6 +213,11 @@ fn parse_args() -> Result<Config, String> {
             "--batch-txns" => bt = Some(num(&a, args.next())?),
             "--batch-size" => c.batch_size = num(&a, args.next())?,
             "--reads" => c.reads = Some(num(&a, args.next())?),
+            "--lmdb-no-readahead" => c.lmdb_no_readahead = true,
+            "--reads-in-cgroup" => {
+                c.reads_in_cgroup =
+                    Some(args.next().ok_or("--reads-in-cgroup needs a value")?.into())
+            }
             "--range-scans" => c.range_scans = Some(num(&a, args.next())?),
             "--range-len" => c.range_len = num(&a, args.next())?,
             "--removals" => c.removals = Some(num(&a, args.next())?),
@@ -445,6 +464,21 @@ fn timed<T>(w: W, out: &mut RunResult, f: impl FnOnce() -> Res<T>) -> Res<T> {
     Ok(r)
 }
 
+/// Moves this process into the cgroup at `dir` and empties the OS page cache, so that
+/// what the reads find in memory is what they bring in under that cgroup's limit.
+fn enter_cgroup(dir: &Path) -> Res<()> {
+    let procs = dir.join("cgroup.procs");
+    std::fs::write(&procs, std::process::id().to_string())
+        .map_err(|e| format!("joining {}: {e}", procs.display()))?;
+    let synced = std::process::Command::new("sync").status()?;
+    if !synced.success() {
+        return Err("sync failed".into());
+    }
+    std::fs::write("/proc/sys/vm/drop_caches", "3")
+        .map_err(|e| format!("dropping the page cache (needs root): {e}"))?;
+    Ok(())
+}
+
 /// Ends the progress line `timed` started, with the engine's state if it reports one.
 fn progress<E: Engine>(e: &E) {
     match e.progress() {
@@ -510,6 +544,13 @@ fn run_engine<E: Engine>(c: &Config, equal: bool, rep: usize) -> Res<RunResult> 
             e.checkpoint()
         })?;
         progress(&e);
+
+        if let Some(cgroup) = &c.reads_in_cgroup {
+            e.close()?;
+            enter_cgroup(cgroup)?;
+            e = E::reopen(&dir, &c.tuning(equal))?;
+            eprintln!("    (reopened in cgroup {})", cgroup.display());
+        }
 
         // Two passes of each read workload; the second is the one reported and compared.
         let reads = c.reads();

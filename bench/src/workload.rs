@@ -85,6 +85,9 @@ pub struct Tuning {
     /// LMDB's and Sanakirja's map size: [`EQUAL_BUDGET`], or 1 KiB per key when that is
     /// larger (a 4 GiB map cannot hold 10M keys and a large removal transaction's copies).
     pub map_bytes: usize,
+    /// Opens LMDB with `MDB_NORDAHEAD` (a tuning knob: what an LMDB user whose data
+    /// outgrows memory sets; not LMDB's default).
+    pub lmdb_no_readahead: bool,
 }
 
 /// The map size for a run of `n` keys (see [`Tuning::map_bytes`]).
@@ -98,6 +101,12 @@ pub trait Engine: Sized {
 
     /// Create a fresh database inside the (empty, existing) directory `dir`.
     fn create(dir: &Path, tuning: &Tuning) -> Res<Self>;
+
+    /// Open the database `create` made in `dir` (after `close`), with the options
+    /// `create` would choose now (`--reads-in-cgroup`).
+    fn reopen(_dir: &Path, _tuning: &Tuning) -> Res<Self> {
+        Err(format!("{}: reopening is not supported by this harness", Self::NAME).into())
+    }
 
     /// One write transaction inserting every pair, committed durably.
     fn insert_txn(&mut self, pairs: impl Iterator<Item = (Key, Value)>) -> Res<()>;
