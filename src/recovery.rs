@@ -164,8 +164,6 @@ pub(crate) fn open(
         return open_reader(vfs, dir, label, opts);
     }
     let lock: Arc<dyn StoreLock> = take_writer_lock(&*vfs, opts.lock_wait)?.into();
-    // A crashed writer's large transaction may have left its sorted runs.
-    crate::txn::remove_stale_runs(&*vfs)?;
     settle(load(vfs, dir, label, opts, lock, None)?)
 }
 

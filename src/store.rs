@@ -153,6 +153,11 @@ impl Store {
         };
         let (vfs, reserve) = ReserveVfs::wrap(vfs);
         let shared = recovery::open(vfs, dir, label, opts)?;
+        if !shared.opts.read_only {
+            // A crashed writer's large transaction may have left its sorted runs;
+            // this process holds the writer lock now, and no transaction has begun.
+            crate::txn::remove_stale_runs(&*shared.vfs)?;
+        }
         subtree_memo::load(&shared);
         if !shared.opts.read_only && shared.opts.background_checkpoints {
             start_background(&shared);
