@@ -603,7 +603,11 @@ fn is_run_name(name: &str) -> bool {
 pub(crate) fn remove_stale_runs(vfs: &dyn Vfs) -> Result<()> {
     for name in vfs.list()? {
         if is_run_name(&name) {
-            vfs.remove(&name)?;
+            match vfs.remove(&name) {
+                // Gone since the listing: nothing left to remove.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                other => other?,
+            }
         }
     }
     Ok(())
