@@ -464,7 +464,17 @@ impl<'s> WriteTxn<'s> {
     }
 
     /// Commits: atomic, and durable on return under [`Durability::Immediate`].
-    pub fn commit(mut self) -> Result<()> {
+    pub fn commit(self) -> Result<()> {
+        let segments = &self.shared.segments;
+        self.commit_inner()?;
+        // Off the writer lock: the data stream's next segment, if it is due, so that
+        // no later append creates one while holding the lock. A failure here is not
+        // the commit's (it is durable); the roll will create the segment itself.
+        let _ = segments.prepare_data_segment();
+        Ok(())
+    }
+
+    fn commit_inner(mut self) -> Result<()> {
         self.check_usable()?;
         if let Some(deferred) = self.deferred.take() {
             self.apply_deferred(deferred)?;

@@ -297,3 +297,58 @@ fn values_laid_out_in_an_aligned_run_are_written_in_place() {
         }
     }
 }
+
+/// The data stream's next segment, made ahead by a committer: only once the active
+/// one is three quarters full, counted by fences as one appends may reach before it
+/// is active, taken by the roll (no file created under the lock); left unused by a
+/// crash or a close, it is an empty segment like any other, which the data stream
+/// continues after the reopen.
+#[test]
+fn a_data_segment_prepared_ahead_is_fenced_and_taken_by_the_roll() {
+    let sim = SimVfs::new();
+    let segments = Segments::open(Arc::new(sim.clone()), false).unwrap();
+    let chunk = vec![7u8; 4 << 20];
+    let first = segments.append_value(&chunk).unwrap().addr.segment();
+    segments.prepare_data_segment().unwrap();
+    assert_eq!(
+        sim.names().len(),
+        1,
+        "not due while the active segment has room"
+    );
+    // Fill past three quarters of the target size.
+    while segments.appender(Kind::Data).end < SEGMENT_TARGET_BYTES / 4 * 3 {
+        assert_eq!(segments.append_value(&chunk).unwrap().addr.segment(), first);
+    }
+    segments.prepare_data_segment().unwrap();
+    let prepared = SegmentId(first.0 + 1);
+    assert_eq!(sim.file_len(&name(prepared.0)), Some(HEADER_LEN as u64));
+    assert!(segments.fence().may_grow(prepared), "a fence counts it");
+    // Once one is prepared, another call makes nothing more.
+    segments.prepare_data_segment().unwrap();
+    assert_eq!(sim.names().len(), 2);
+    // A general segment made meanwhile takes the next id; the data stream's roll
+    // takes the prepared one, which a fence then sees as active.
+    let general = segments.append(b"node").unwrap().addr.segment();
+    assert_eq!(general, SegmentId(prepared.0 + 1));
+    let mut last = first;
+    while last == first {
+        last = segments.append_value(&chunk).unwrap().addr.segment();
+    }
+    assert_eq!(last, prepared);
+    assert_eq!(sim.names().len(), 3, "the roll created no file");
+    assert!(segments.fence().may_grow(prepared));
+    segments.sync().unwrap();
+
+    // Prepared and never used, then reopened: the newest data segment, continued.
+    while segments.appender(Kind::Data).end < SEGMENT_TARGET_BYTES / 4 * 3 {
+        segments.append_value(&chunk).unwrap();
+    }
+    segments.prepare_data_segment().unwrap();
+    let unused = SegmentId(general.0 + 1);
+    assert_eq!(sim.file_len(&name(unused.0)), Some(HEADER_LEN as u64));
+    drop(segments);
+    let segments = reopen(&sim);
+    let next = segments.append_value(&[1; 2000]).unwrap();
+    assert_eq!(next.addr.segment(), unused);
+    assert_eq!(segments.read(next, "extent").unwrap(), vec![1; 2000]);
+}
