@@ -296,19 +296,6 @@ impl Store {
             .map(|_| ())
     }
 
-    /// Whether a version operation (a snapshot, a clone) waits for the writer lock;
-    /// see [`Store::let_version_ops_in`].
-    pub(crate) fn version_op_waiting(&self) -> bool {
-        self.shared.version_op_waiting()
-    }
-
-    /// Waits (briefly, without the writer lock) until the version operations waiting
-    /// for the writer lock have had it: what a writer that committed part of a long
-    /// batch to let them in does before it takes the lock back.
-    pub(crate) fn let_version_ops_in(&self) {
-        self.shared.let_version_ops_in();
-    }
-
     /// Makes every transaction committed so far durable (those committed with
     /// [`Durability::Deferred`] included): one WAL fsync, shared with any other
     /// committer waiting for one, after the segments holding their out-of-line values.

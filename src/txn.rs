@@ -62,15 +62,6 @@ pub(crate) const LARGE_TXN_BYTES: usize = 128 << 20;
 /// add to.
 const CHEAPER_BY_CHECKPOINT_BYTES: usize = 16 << 20;
 
-/// The pairs of a batch a transaction did not apply ([`WriteTxn::put_many_until`]).
-#[derive(Debug)]
-pub(crate) struct Unapplied {
-    /// The index of the first pair not applied.
-    pub from: usize,
-    /// The extents of the large values from there on, in order, already written.
-    pub extents: Vec<BlockRef>,
-}
-
 /// An atomic batch of puts and deletes on one branch. Dropping it without `commit`
 /// aborts it. One write transaction is open per store at a time.
 pub struct WriteTxn<'s> {
@@ -202,20 +193,6 @@ impl<'s> WriteTxn<'s> {
         pairs: &[(&[u8], &[u8])],
         run: Option<&[u8]>,
     ) -> Result<()> {
-        self.put_many_until(pairs, run, &|| false).map(drop)
-    }
-
-    /// [`WriteTxn::put_many_from`], stopping between two pairs once `stop()` says so
-    /// (at least one is applied): every large value is written all the same, and the
-    /// pairs not applied come back with their extents, for
-    /// [`WriteTxn::put_staged_until`] in a later transaction. How a long batch lets a
-    /// waiting snapshot in without a segment write per piece.
-    pub(crate) fn put_many_until(
-        &mut self,
-        pairs: &[(&[u8], &[u8])],
-        run: Option<&[u8]>,
-        stop: &dyn Fn() -> bool,
-    ) -> Result<Option<Unapplied>> {
         for &(key, value) in pairs {
             check_key(key)?;
             check_value(value)?;
@@ -227,7 +204,7 @@ impl<'s> WriteTxn<'s> {
             .filter(|v| v.len() > INLINE_VALUE_MAX)
             .collect();
         if large.is_empty() {
-            return self.apply_puts(pairs, Vec::new(), stop);
+            return self.apply_puts(pairs, Vec::new());
         }
         let segments = &self.shared.segments;
         let mut staged = segments
@@ -237,7 +214,7 @@ impl<'s> WriteTxn<'s> {
         let (written, applied) = if staged.is_direct() {
             std::thread::scope(|scope| {
                 let io = scope.spawn(|| segments.write_staged(staged));
-                let applied = self.apply_puts(pairs, extents, stop);
+                let applied = self.apply_puts(pairs, extents);
                 let written = io
                     .join()
                     .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
@@ -246,9 +223,9 @@ impl<'s> WriteTxn<'s> {
         } else {
             let written = segments.write_staged(staged);
             if written.is_err() {
-                (written, Ok(None))
+                (written, Ok(()))
             } else {
-                (written, self.apply_puts(pairs, extents, stop))
+                (written, self.apply_puts(pairs, extents))
             }
         };
         // The tree may name extents whose write failed: the transaction must not
@@ -257,38 +234,10 @@ impl<'s> WriteTxn<'s> {
         applied
     }
 
-    /// Applies `pairs` whose large values an earlier transaction's
-    /// [`WriteTxn::put_many_until`] already wrote at `extents`, stopping as it does.
-    pub(crate) fn put_staged_until(
-        &mut self,
-        pairs: &[(&[u8], &[u8])],
-        extents: Vec<BlockRef>,
-        stop: &dyn Fn() -> bool,
-    ) -> Result<Option<Unapplied>> {
-        for &(key, value) in pairs {
-            check_key(key)?;
-            check_value(value)?;
-        }
-        self.check_usable()?;
-        self.apply_puts(pairs, extents, stop)
-    }
-
-    /// `put_many`'s edits, with the large values already placed at `extents`;
-    /// stops before a pair (never the first) once `stop()` says so.
-    fn apply_puts(
-        &mut self,
-        pairs: &[(&[u8], &[u8])],
-        extents: Vec<BlockRef>,
-        stop: &dyn Fn() -> bool,
-    ) -> Result<Option<Unapplied>> {
+    /// `put_many`'s edits, with the large values already placed at `extents`.
+    fn apply_puts(&mut self, pairs: &[(&[u8], &[u8])], extents: Vec<BlockRef>) -> Result<()> {
         let mut extents = extents.into_iter();
-        for (i, &(key, value)) in pairs.iter().enumerate() {
-            if i > 0 && stop() {
-                return Ok(Some(Unapplied {
-                    from: i,
-                    extents: extents.collect(),
-                }));
-            }
+        for &(key, value) in pairs {
             let op = if value.len() > INLINE_VALUE_MAX {
                 let extent = extents.next().expect("one extent per large value");
                 Op::PutExtent { key, extent }
@@ -297,7 +246,7 @@ impl<'s> WriteTxn<'s> {
             };
             self.edit(&op)?;
         }
-        Ok(None)
+        Ok(())
     }
 
     /// Deletes `key`; returns whether it was present.

@@ -32,7 +32,7 @@ use super::{Shared, WriterState};
 use crate::error::{Error, Result};
 use crate::sync::lock;
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -54,9 +54,6 @@ pub(crate) struct Lender {
     requested: AtomicBool,
     /// Operations run by a holder since open (`Stats::version_ops_lent`).
     lent: AtomicU64,
-    /// `state.asleep`, readable without the mutex: what a committer between two
-    /// pieces of a long batch polls ([`Shared::version_op_waiting`]).
-    asleep: AtomicUsize,
 }
 
 impl Lender {
@@ -110,44 +107,15 @@ impl Shared {
             // About to sleep on the lock: a lending holder that takes it before we
             // do lets it go again until we have had it.
             state.asleep += 1;
-            self.lender.asleep.store(state.asleep, Ordering::Release);
         }
         let w = self.lock_writer_checked();
         {
             let mut state = lock(&self.lender.state);
             state.asleep -= 1;
-            self.lender.asleep.store(state.asleep, Ordering::Release);
         }
         self.lender.wake.notify_all();
         let mut w = w?;
         op(self, &mut w)
-    }
-
-    /// Whether a version operation (a snapshot, a clone) is asleep on the writer lock:
-    /// a writer applying a long batch commits what it has and lets it in
-    /// ([`Shared::let_version_ops_in`]) rather than keep it waiting to the end.
-    pub(crate) fn version_op_waiting(&self) -> bool {
-        self.lender.asleep.load(Ordering::Acquire) > 0
-    }
-
-    /// Waits, without the writer lock, until every version operation asleep on it has
-    /// had it (the lock is not fair: a writer taking it straight back could starve
-    /// them). Bounded, so a writer never waits long on a stalled one.
-    pub(crate) fn let_version_ops_in(&self) {
-        let deadline = std::time::Instant::now() + Duration::from_millis(50);
-        let mut state = lock(&self.lender.state);
-        while state.asleep > 0 {
-            let now = std::time::Instant::now();
-            if now >= deadline {
-                return;
-            }
-            state = self
-                .lender
-                .wake
-                .wait_timeout(state, deadline - now)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
     }
 
     /// The writer lock, held by a long task that lends it to version operations at

@@ -249,30 +249,7 @@ impl Volume {
                 }
             }
         }
-        // The batch's blocks, applied in one transaction unless a snapshot or clone
-        // comes to wait for the writer lock meanwhile: then the transaction commits
-        // what it has applied (every block is already written to its segment), the
-        // version operation goes in, and a new transaction applies the rest. A batch
-        // on leaves a snapshot shares copies each leaf and counts each of its extents
-        // once more (0.3-2.4 ms for 32 writes, BENCHMARKS.md), the pause a snapshot
-        // must not see. The writes are not acknowledged before the whole batch is
-        // applied, so a snapshot taken in between holds every write answered before it.
-        let store = &self.store;
-        let waiting = || store.version_op_waiting();
-        let pairs = pending_pairs(&pending);
-        let run = pending.run.as_ref().map(|(data, r)| &data[r.clone()]);
-        let mut done = 0;
-        let mut left = match pairs.is_empty() {
-            true => None,
-            false => txn.put_many_until(&pairs, run, &waiting)?,
-        };
-        while let Some(unapplied) = left {
-            done += unapplied.from;
-            txn.commit()?;
-            self.store.let_version_ops_in();
-            txn = self.begin(durability)?;
-            left = txn.put_staged_until(&pairs[done..], unapplied.extents, &waiting)?;
-        }
+        put_pending(&mut txn, &mut pending)?;
         txn.commit()
     }
 
@@ -700,21 +677,16 @@ impl<'d> Pending<'d> {
     }
 }
 
-/// The blocks waiting in `pending` as key-value pairs, in order.
-fn pending_pairs<'p>(pending: &'p Pending<'_>) -> Vec<(&'p [u8], &'p [u8])> {
-    pending
-        .blocks
-        .iter()
-        .map(|(k, v)| (&k[..], &v[..]))
-        .collect()
-}
-
 /// Puts the blocks waiting in `pending`, in order, in one segment write.
 fn put_pending(txn: &mut WriteTxn<'_>, pending: &mut Pending<'_>) -> Result<()> {
     if pending.blocks.is_empty() {
         return Ok(());
     }
-    let pairs = pending_pairs(pending);
+    let pairs: Vec<(&[u8], &[u8])> = pending
+        .blocks
+        .iter()
+        .map(|(k, v)| (&k[..], &v[..]))
+        .collect();
     let run = pending.run.as_ref().map(|(data, r)| &data[r.clone()]);
     txn.put_many_from(&pairs, run)?;
     pending.blocks.clear();
