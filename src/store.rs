@@ -296,6 +296,16 @@ impl Store {
             .map(|_| ())
     }
 
+    /// Writes values over 1 KiB to a data segment ahead of the transaction that will
+    /// name them (see `Segments::write_values_pinned`); hold the pin until it is over.
+    pub(crate) fn write_values_pinned(
+        &self,
+        values: &[&[u8]],
+    ) -> Result<(Vec<crate::format::BlockRef>, crate::space::Pin<'_>)> {
+        self.shared.check_writable()?;
+        self.shared.segments.write_values_pinned(values)
+    }
+
     /// Makes every transaction committed so far durable (those committed with
     /// [`Durability::Deferred`] included): one WAL fsync, shared with any other
     /// committer waiting for one, after the segments holding their out-of-line values.

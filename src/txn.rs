@@ -234,6 +234,19 @@ impl<'s> WriteTxn<'s> {
         applied
     }
 
+    /// Inserts or replaces each key with the value already written at its extent
+    /// (`Segments::write_values_pinned`, before this transaction began), in order.
+    pub(crate) fn put_written(&mut self, pairs: &[(&[u8], BlockRef)]) -> Result<()> {
+        for &(key, _) in pairs {
+            check_key(key)?;
+        }
+        self.check_usable()?;
+        for &(key, extent) in pairs {
+            self.edit(&Op::PutExtent { key, extent })?;
+        }
+        Ok(())
+    }
+
     /// `put_many`'s edits, with the large values already placed at `extents`.
     fn apply_puts(&mut self, pairs: &[(&[u8], &[u8])], extents: Vec<BlockRef>) -> Result<()> {
         let mut extents = extents.into_iter();

@@ -16,7 +16,9 @@
 
 mod segments;
 
-pub(crate) use segments::{AppendFence, Segments, SEGMENT_HEADER_SIZE, SEGMENT_TARGET_BYTES};
+pub(crate) use segments::{
+    AppendFence, Pin, Segments, DIRECT_MIN_BYTES, SEGMENT_HEADER_SIZE, SEGMENT_TARGET_BYTES,
+};
 
 use crate::format::{BlockRef, SegmentId};
 use std::collections::BTreeMap;

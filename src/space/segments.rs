@@ -88,7 +88,7 @@ pub(crate) const SEGMENT_TARGET_BYTES: u64 = 64 << 20;
 /// buffered one only for a copy. Large ones are sequential streams (an image
 /// import, a 1 MiB write) whose copy into fresh cache pages would cost more than the
 /// write itself.
-const DIRECT_MIN_BYTES: usize = 256 << 10;
+pub(crate) const DIRECT_MIN_BYTES: usize = 256 << 10;
 
 /// The two kinds of segment, told apart by their header's kind byte.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,12 +188,37 @@ struct Unsynced {
 pub(crate) struct AppendFence {
     growing: [Option<SegmentId>; 2],
     next: SegmentId,
+    /// Segments holding values written ahead of the transaction that will name them
+    /// ([`Segments::write_values_pinned`]): not empty, whatever the usage says.
+    pinned: Vec<SegmentId>,
 }
 
 impl AppendFence {
-    /// Whether an append made after the fence was taken may land in segment `id`.
+    /// Whether an append made after the fence was taken may land in segment `id`, or
+    /// one made before it may be named by a commit after it.
     pub(crate) fn may_grow(&self, id: SegmentId) -> bool {
-        id >= self.next || self.growing.contains(&Some(id))
+        id >= self.next || self.growing.contains(&Some(id)) || self.pinned.contains(&id)
+    }
+}
+
+/// Values written ahead of the transaction that will name them: while it lives, a
+/// fence counts their segment as one that may grow, so that no checkpoint deletes it
+/// for looking empty before that transaction commits. Dropped after the commit (or
+/// the abort, which leaves the values dead bytes).
+pub(crate) struct Pin<'a> {
+    segments: &'a Segments,
+    id: SegmentId,
+}
+
+impl Drop for Pin<'_> {
+    fn drop(&mut self) {
+        let mut pins = lock(&self.segments.pins);
+        if let Some(n) = pins.get_mut(&self.id) {
+            *n -= 1;
+            if *n == 0 {
+                pins.remove(&self.id);
+            }
+        }
     }
 }
 
@@ -224,6 +249,10 @@ pub(crate) struct Segments {
     /// That segment once its header is durable, for the data stream's next roll.
     prepared: Mutex<Option<(SegmentId, Arc<dyn VFile>)>>,
     unsynced: Mutex<Unsynced>,
+    /// Segments with values written ahead of their transaction, and how many such
+    /// writes are open ([`Pin`]); counted up under the data appender's lock, in the
+    /// allocation's critical section, so that no fence misses one.
+    pins: Mutex<BTreeMap<SegmentId, u32>>,
     read_only: bool,
 }
 
@@ -303,6 +332,7 @@ impl Segments {
             prepared_id: Mutex::new(None),
             prepared: Mutex::new(None),
             unsynced: Mutex::new(Unsynced::default()),
+            pins: Mutex::new(BTreeMap::new()),
             read_only,
         })
     }
@@ -571,6 +601,16 @@ impl Segments {
         values: &[&'v [u8]],
         run: Option<&'v [u8]>,
     ) -> Result<StagedValues<'v>> {
+        self.stage_values_pinning(values, run, false)
+    }
+
+    /// [`Segments::stage_values`], also pinning the segment (see [`Pin`]) if `pin`.
+    fn stage_values_pinning<'v>(
+        &self,
+        values: &[&'v [u8]],
+        run: Option<&'v [u8]>,
+        pin: bool,
+    ) -> Result<StagedValues<'v>> {
         assert!(!self.read_only, "append on a read-only store");
         assert!(!values.is_empty(), "staging no values");
         let total: usize = values.iter().map(|v| v.len()).sum();
@@ -591,6 +631,9 @@ impl Segments {
         let gap_room = if direct { DIRECT_ALIGN } else { 0 };
         self.ensure_active(app, (padded + gap_room) as u64)?;
         let (id, file) = app.active.clone().expect("ensured");
+        if pin {
+            *lock(&self.pins).entry(id).or_insert(0) += 1;
+        }
         let at = if direct {
             app.end.next_multiple_of(DIRECT_ALIGN as u64)
         } else {
@@ -637,6 +680,23 @@ impl Segments {
             direct,
             payload,
         })
+    }
+
+    /// Writes `values` to a data segment before the transaction that will name them
+    /// has begun, so that the write is not made under the writer lock (a volume's
+    /// write batch: the copy into the page cache was a third of a connection thread's
+    /// time, all of it under the lock). The [`Pin`] keeps their segment from being
+    /// deleted until that transaction is over. For less than [`DIRECT_MIN_BYTES`] in
+    /// all; a larger write overlaps the transaction instead (`WriteTxn::put_many`).
+    pub(crate) fn write_values_pinned(&self, values: &[&[u8]]) -> Result<(Vec<BlockRef>, Pin<'_>)> {
+        let mut staged = self.stage_values_pinning(values, None, true)?;
+        let pin = Pin {
+            segments: self,
+            id: staged.segment,
+        };
+        let refs = std::mem::take(&mut staged.refs);
+        self.write_staged(staged)?;
+        Ok((refs, pin))
     }
 
     /// Issues the write [`Segments::stage_values`] laid out. On an error the extents
@@ -863,9 +923,11 @@ impl Segments {
         let next = lock(&self.next_id);
         // A prepared data segment will take appends although it is not active yet.
         let prepared = *lock(&self.prepared_id);
+        let pinned = lock(&self.pins).keys().copied().collect();
         AppendFence {
             growing,
             next: prepared.map_or(SegmentId(*next), |p| p.min(SegmentId(*next))),
+            pinned,
         }
     }
 

@@ -352,3 +352,24 @@ fn a_data_segment_prepared_ahead_is_fenced_and_taken_by_the_roll() {
     assert_eq!(next.addr.segment(), unused);
     assert_eq!(segments.read(next, "extent").unwrap(), vec![1; 2000]);
 }
+
+/// Values written ahead of their transaction pin their segment: a fence counts it as
+/// one that may grow, even once the stream has moved on, until the pin is dropped.
+#[test]
+fn values_written_ahead_pin_their_segment_until_their_transaction_is_over() {
+    let sim = SimVfs::new();
+    let segments = Segments::open(Arc::new(sim.clone()), false).unwrap();
+    let block = [5u8; 4096];
+    let (refs, pin) = segments.write_values_pinned(&[&block, &block]).unwrap();
+    assert_eq!(refs.len(), 2);
+    let id = refs[0].addr.segment();
+    assert_eq!(segments.read(refs[1], "extent").unwrap(), block);
+    let (_, second) = segments.write_values_pinned(&[&block]).unwrap();
+    segments.seal_if_active(id);
+    assert!(!segments.is_active(id));
+    assert!(segments.fence().may_grow(id), "pinned twice");
+    drop(pin);
+    assert!(segments.fence().may_grow(id), "pinned once");
+    drop(second);
+    assert!(!segments.fence().may_grow(id), "no pin left");
+}

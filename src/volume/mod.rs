@@ -39,7 +39,10 @@ pub use header::{DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE, MAX_VOLUME_SIZE, MIN_BLOCK_
 
 use crate::catalog::VersionKind;
 use crate::error::{Error, Result};
+use crate::format::BlockRef;
+use crate::limits::INLINE_VALUE_MAX;
 use crate::options::Durability;
+use crate::space::DIRECT_MIN_BYTES;
 use crate::store::Store;
 use crate::txn::{ReadTxn, WriteTxn};
 use blocks::{block_key, block_of, is_zero, pieces, BlockKey, Piece};
@@ -220,6 +223,23 @@ impl Volume {
         for &(offset, data) in writes {
             self.check_range(offset, data.len() as u64)?;
         }
+        if let Some(blocks) = self.whole_small_blocks(writes) {
+            // The common case (whole blocks of data, less than a direct write's worth):
+            // the blocks go to their segment before the transaction takes the writer
+            // lock, which then covers only the mappings (see `write_values_pinned`).
+            let values: Vec<&[u8]> = blocks.iter().map(|(_, v)| *v).collect();
+            let (extents, pin) = self.store.write_values_pinned(&values)?;
+            let pairs: Vec<(&[u8], BlockRef)> = blocks
+                .iter()
+                .zip(extents)
+                .map(|((k, _), r)| (&k[..], r))
+                .collect();
+            let mut txn = self.begin(durability)?;
+            txn.put_written(&pairs)?;
+            let committed = txn.commit();
+            drop(pin);
+            return committed;
+        }
         let mut txn = self.begin(durability)?;
         let bs = self.header.block_size as usize;
         // Blocks to store wait here to go out together (one segment write), in
@@ -251,6 +271,33 @@ impl Volume {
         }
         put_pending(&mut txn, &mut pending)?;
         txn.commit()
+    }
+
+    /// The blocks of `writes` with their keys, if every piece is a whole block, none
+    /// all zeroes, blocks are stored out of line (over 1 KiB), and they weigh less than
+    /// a direct write: what [`Volume::write_many`] writes ahead of its transaction.
+    fn whole_small_blocks<'d>(
+        &self,
+        writes: &[(u64, &'d [u8])],
+    ) -> Option<Vec<(BlockKey, &'d [u8])>> {
+        let bs = self.header.block_size as usize;
+        let total: usize = writes.iter().map(|(_, d)| d.len()).sum();
+        // A snapshot's handle takes the ordinary path, which refuses before writing.
+        if self.is_read_only() || bs <= INLINE_VALUE_MAX || total >= DIRECT_MIN_BYTES || total == 0
+        {
+            return None;
+        }
+        let mut blocks = Vec::with_capacity(total / bs);
+        for &(offset, data) in writes {
+            for p in pieces(offset, data.len(), self.header.block_size) {
+                let src = &data[p.at..p.at + p.len];
+                if !p.is_whole(bs) || is_zero(src) {
+                    return None;
+                }
+                blocks.push((block_key(p.block), src));
+            }
+        }
+        Some(blocks)
     }
 
     /// Makes `len` bytes from `offset` read as zeroes: whole blocks become holes
