@@ -440,10 +440,9 @@ impl<'s> WriteTxn<'s> {
     /// Applies the deferred edits to the tree, merged in key order (at commit).
     fn apply_deferred(&mut self, mut deferred: Deferred) -> Result<()> {
         deferred.finish().inspect_err(|e| self.fail(e))?;
-        // Edits applied from here spill as any large transaction's do; they start
-        // out in order, so they are never deferred again.
+        // Edits applied from here spill as any large transaction's do; they come in
+        // key order, so a spill must not start deferring again (`spill_if_due`).
         self.ascending = true;
-        self.last_key.clear();
         let mut merge = deferred.merged_from(&[]).inspect_err(|e| self.fail(e))?;
         while let Some((key, edit)) = merge.current() {
             let op = match edit {
