@@ -42,7 +42,7 @@ use crate::backref::{WriteStore, MAX_RUNS};
 use crate::btree::end_backrefs;
 use crate::btree::node::{Body, Child, Node, ValueRef, NODE_MAGIC};
 use crate::btree::refcount::{RcDelta, Target};
-use crate::btree::walk::{walk, At, Visitor};
+use crate::btree::walk::{walk, At, ReadAhead, Visitor};
 use crate::checkpoint;
 use crate::engine::{drop_step, LendingGuard, Shared, WriterState};
 use crate::error::{Error, Result};
@@ -234,7 +234,7 @@ pub(crate) fn defrag(shared: &Shared, version: Option<&str>) -> Result<CleanRepo
             };
             let mut leaves = Leaves::default();
             if let Some(root) = v.root.clone() {
-                walk(&mut shared.loader(), &root, &mut leaves)?;
+                walk(&mut ReadAhead(shared.loader()), &root, &mut leaves)?;
             }
             leaves.in_order
         };
@@ -599,6 +599,9 @@ fn read_ahead(shared: &Shared, ranges: &[Range<Addr>]) -> Result<AddrMap<Addr, B
     }
     blocks.sort_unstable();
     blocks.dedup_by_key(|b| b.0);
+    // Node segments get no read-ahead of the OS's own: ask for what is read below.
+    shared.segments.will_need_blocks(parents.iter().copied());
+    shared.segments.will_need_blocks(blocks.iter().copied());
     let loader = shared.loader();
     for &(addr, len) in &parents {
         if !shared.cache.contains(addr) {

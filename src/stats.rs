@@ -2,7 +2,7 @@
 //! hit rate and WAL size, as one plain struct (serialisable for `--json`).
 
 use crate::btree::node::Node;
-use crate::btree::walk::{walk, At, Visitor};
+use crate::btree::walk::{walk, At, ReadAhead, Visitor};
 use crate::catalog::MAIN_BRANCH;
 use crate::engine::Shared;
 use crate::error::Result;
@@ -133,7 +133,11 @@ pub(crate) fn collect(shared: &Shared) -> Result<Stats> {
     if let Some(main) = view.versions.iter().find(|v| &*v.name == MAIN_BRANCH) {
         s.main_exists = true;
         if let Some(root) = &main.root {
-            walk(&mut shared.loader(), root, &mut TreeStats(&mut s))?;
+            walk(
+                &mut ReadAhead(shared.loader()),
+                root,
+                &mut TreeStats(&mut s),
+            )?;
         }
     }
     let sizes = shared.segments.sizes()?;

@@ -13,7 +13,7 @@
 //! first one unless the structure to walk is gone.
 
 use crate::backref::{BackrefStore, Edge, WriteStore};
-use crate::btree::node::{Child, Node, BRANCH_ENTRY_MAX, LEAF_ENTRY_MAX, NODE_MAX};
+use crate::btree::node::{Child, ChildRef, Node, BRANCH_ENTRY_MAX, LEAF_ENTRY_MAX, NODE_MAX};
 use crate::btree::node_children;
 use crate::btree::walk::{walk, At, Source, Visitor};
 use crate::engine::Shared;
@@ -168,6 +168,14 @@ impl Source for DiskReads<'_> {
         };
         let bytes = self.0.read(*r, "node")?;
         Ok(Arc::new(Node::decode(bytes, *r)?))
+    }
+
+    fn children_ahead(&mut self, branch: &Node) {
+        let children = (0..branch.len()).filter_map(|i| match branch.child(i) {
+            ChildRef::Disk(r) => Some((r.addr, r.len)),
+            ChildRef::Mem(_) => None,
+        });
+        self.0.will_need_blocks(children);
     }
 }
 

@@ -14,6 +14,19 @@
 //! branch links to the children loaded through it (`Node::linked_child`), and a reader
 //! following a live link only refreshes the child's credit ([`PageCache::touch`]).
 //!
+//! **Admission.** While there is room, every node read is cached. Once the budget is
+//! full, a leaf read from disk for a lookup is cached only on its second read within a
+//! while (its address is remembered in a bounded "ghost" list on the first; 2Q's
+//! `A1out`, TinyLFU's doorkeeper): a leaf read once and never again would otherwise
+//! evict one that is hit, and — what matters when the store outgrows memory — it is in
+//! the OS's page cache already, since the read went through it. Caching every leaf
+//! read duplicated the OS's copy: in a 1 GiB container the two caches held mostly the
+//! same recent leaves, ~0.7 GiB of unique nodes for 1 GiB of memory. Refused leaves
+//! live on only in the page cache, so the two hold different nodes. A leaf admitted
+//! on its second read is one the page cache holds too, now hot there as well; the
+//! caller is told so that it can drop the OS's copy ([`Admission::SecondRead`]).
+//! Branches, written nodes and the cleaner's read-ahead are always cached.
+//!
 //! Invariant: only clean nodes (written, `disk` set, children by address) are cached,
 //! so an entry never pins other nodes and its address names exactly its content.
 
@@ -21,11 +34,27 @@ use crate::btree::node::Node;
 use crate::format::Addr;
 use crate::format::AddrMap;
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 const SHARDS: usize = 16;
 const MAX_CREDIT: u8 = 4;
+/// The fewest refusals a shard remembers, however few nodes it holds.
+const MIN_GHOSTS: usize = 64;
+
+/// What [`PageCache::insert_read`] did with a node read from disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Admission {
+    /// Cached: there was room, or it is a branch.
+    Cached,
+    /// Cached on its second read while the cache was full: the OS's page cache holds a
+    /// copy too (the first read put it there, the second found it), which the caller
+    /// may drop.
+    SecondRead,
+    /// Not cached: a leaf read for the first time lately while the cache was full.
+    Refused,
+}
 
 struct Entry {
     node: Arc<Node>,
@@ -40,6 +69,14 @@ struct Shard {
     ring: Vec<Addr>,
     hand: usize,
     bytes: usize,
+    /// Leaves refused admission lately, oldest first, each with the number of its
+    /// refusal: at most as many as the shard caches nodes (a leaf read again within
+    /// that many refusals is admitted).
+    ghosts: VecDeque<(Addr, u64)>,
+    /// The addresses in `ghosts` not taken since, with the number of their latest
+    /// refusal (a queue entry with another number is stale).
+    ghost_set: AddrMap<Addr, u64>,
+    refusals: u64,
 }
 
 impl Shard {
@@ -51,6 +88,27 @@ impl Shard {
                 e.ring_pos = pos;
             }
         }
+    }
+
+    /// Whether `addr` was refused lately; forgets it if so.
+    fn take_ghost(&mut self, addr: Addr) -> bool {
+        // Its place in the queue stays until it ages out, stale (see `ghost_set`).
+        self.ghost_set.remove(&addr).is_some()
+    }
+
+    /// Remembers `addr` as refused, forgetting the oldest refusals beyond the bound.
+    fn add_ghost(&mut self, addr: Addr) {
+        let bound = self.ring.len().max(MIN_GHOSTS);
+        while self.ghosts.len() >= bound {
+            if let Some((old, n)) = self.ghosts.pop_front() {
+                if self.ghost_set.get(&old) == Some(&n) {
+                    self.ghost_set.remove(&old);
+                }
+            }
+        }
+        self.refusals += 1;
+        self.ghost_set.insert(addr, self.refusals);
+        self.ghosts.push_back((addr, self.refusals));
     }
 
     fn remove(&mut self, addr: Addr) {
@@ -127,18 +185,43 @@ impl PageCache {
             .contains_key(&addr)
     }
 
+    /// Caches a node just read from disk for a lookup, unless the cache is full and
+    /// it is a leaf not read lately (see the module docs on admission).
+    pub(crate) fn insert_read(&self, addr: Addr, node: Arc<Node>) -> Admission {
+        let mut shard = self.write_shard(addr);
+        if node.level > 0 || shard.bytes + node.mem_size() <= self.shard_budget {
+            Self::insert_into(&mut shard, self.shard_budget, addr, node);
+            return Admission::Cached;
+        }
+        if shard.take_ghost(addr) {
+            Self::insert_into(&mut shard, self.shard_budget, addr, node);
+            return Admission::SecondRead;
+        }
+        shard.add_ghost(addr);
+        Admission::Refused
+    }
+
+    /// Caches a clean node (one just written, or read ahead for a use to come),
+    /// evicting others to make room.
     pub(crate) fn insert(&self, addr: Addr, node: Arc<Node>) {
-        debug_assert!(!node.is_dirty(), "only clean nodes are cached");
-        let mut shard = self
-            .shard(addr)
+        let mut shard = self.write_shard(addr);
+        Self::insert_into(&mut shard, self.shard_budget, addr, node);
+    }
+
+    fn write_shard(&self, addr: Addr) -> std::sync::RwLockWriteGuard<'_, Shard> {
+        self.shard(addr)
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn insert_into(shard: &mut Shard, budget: usize, addr: Addr, node: Arc<Node>) {
+        debug_assert!(!node.is_dirty(), "only clean nodes are cached");
         if shard.entries.contains_key(&addr) {
             return;
         }
         let size = node.mem_size();
-        while shard.bytes + size > self.shard_budget && !shard.ring.is_empty() {
-            Self::evict_one(&mut shard);
+        while shard.bytes + size > budget && !shard.ring.is_empty() {
+            Self::evict_one(shard);
         }
         // Leaves enter cold (no credit until their first hit), so a long scan cannot
         // flush out what is hot; branches enter with their level's credit.
@@ -158,10 +241,9 @@ impl PageCache {
     /// will ask for it (a reader of an older view that still does reads it again), and
     /// the budget it holds is better spent on live nodes.
     pub(crate) fn remove(&self, addr: Addr) {
-        self.shard(addr)
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(addr);
+        let mut shard = self.write_shard(addr);
+        shard.remove(addr);
+        shard.take_ghost(addr);
     }
 
     /// Runs the clock hand until one entry runs out of credit, and evicts it.
@@ -288,5 +370,63 @@ mod tests {
             last_round_misses * 10 < working as u64,
             "{last_round_misses} misses of {working} reads: the working set never settled"
         );
+    }
+
+    /// Once full, a leaf read once is refused (it is in the OS's cache already), one
+    /// read again soon after is admitted and reported as such, and a branch is
+    /// always admitted; a scan of leaves read once leaves what was cached in place.
+    #[test]
+    fn a_full_cache_admits_leaves_on_their_second_read() {
+        let cache = PageCache::new(SHARDS * 64 * 1024);
+        let per_node = leaf(Addr::new(SegmentId(9), 0)).mem_size();
+        let addr = |seg: u32, i: usize| Addr::new(SegmentId(seg), (i * 4096) as u64);
+        // Fill every shard (they fill unevenly): while a shard has room, every read
+        // is cached; then first reads are refused.
+        let offered = 4 * usize::try_from(cache.capacity()).expect("small") / per_node;
+        let mut outcomes = Vec::new();
+        for i in 0..offered {
+            outcomes.push(cache.insert_read(addr(1, i), leaf(addr(1, i))));
+        }
+        assert!(outcomes.iter().all(|o| *o != Admission::SecondRead));
+        assert!(outcomes.contains(&Admission::Cached) && outcomes.contains(&Admission::Refused));
+        let cached: Vec<usize> = (0..offered)
+            .filter(|&i| cache.contains(addr(1, i)))
+            .collect();
+        let before = cache.bytes();
+        assert!(before <= cache.capacity());
+        // A scan of as many new leaves, each read once: all refused, nothing evicted.
+        let scanned = offered;
+        for i in 0..scanned {
+            assert_eq!(
+                cache.insert_read(addr(2, i), leaf(addr(2, i))),
+                Admission::Refused
+            );
+        }
+        assert_eq!(
+            cache.bytes(),
+            before,
+            "a one-time scan displaced cached leaves"
+        );
+        assert!(cached.iter().all(|&i| cache.contains(addr(1, i))));
+        // Read again soon after: admitted, evicting older leaves to make room.
+        let again = addr(2, scanned - 1);
+        assert_eq!(cache.insert_read(again, leaf(again)), Admission::SecondRead);
+        assert!(cache.contains(again));
+        assert!(cache.bytes() <= cache.capacity());
+        // A leaf refused long ago (beyond the remembered refusals) is refused again.
+        assert_eq!(
+            cache.insert_read(addr(2, 0), leaf(addr(2, 0))),
+            Admission::Refused
+        );
+        // A branch is admitted on its first read.
+        let b = addr(3, 0);
+        let branch = Arc::new(Node::new_branch(1, Vec::new(), 0));
+        let _ = branch.disk.set(BlockRef {
+            addr: b,
+            len: 1,
+            crc: 0,
+        });
+        assert_eq!(cache.insert_read(b, branch), Admission::Cached);
+        assert!(cache.contains(b));
     }
 }

@@ -2,7 +2,7 @@
 //! There is no leaf chaining (Rodeh §2): moving past the end of a leaf climbs the
 //! stack to the next subtree and descends its leftmost (or rightmost) path.
 
-use super::node::{Child, Node, ValueRef, MAX_DEPTH};
+use super::node::{Child, ChildRef, Node, ValueRef, MAX_DEPTH};
 use super::Loader;
 use crate::error::{Error, Result};
 use std::sync::Arc;
@@ -31,10 +31,36 @@ fn count_before(node: &Node, k: &[u8], inclusive_of_k: bool) -> usize {
 /// [`super::layout::prefetch`]): enough to overlap the misses of a short range scan.
 const PREFETCH_AHEAD: usize = 4;
 
+/// A cursor that has stepped from one leaf into the next this many times is taken for
+/// a scan, and reads ahead (a range read of a few entries crosses one boundary at
+/// most, and must not pull in leaves it will not read).
+const SCAN_AFTER_LEAVES: usize = 2;
+
+/// How many nodes ahead of the one it enters a scan asks the OS for, at each of the
+/// two levels it reads ahead ([`Cursor`]'s read-ahead): leaves, in a window that
+/// doubles with every leaf crossed from 8 (64 KiB) to 128 (a whole leaf-level branch
+/// and more; 1 MiB), asked for half a window at a time; and the next leaf-level
+/// branches, so that the one entered next is in memory when its leaves are asked
+/// for.
+fn read_ahead_window(level: u8, leaves_crossed: usize) -> usize {
+    match level {
+        1 => 8 << leaves_crossed.saturating_sub(SCAN_AFTER_LEAVES).min(4),
+        _ => 2,
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct Cursor {
     /// Path from the root; the last element is a leaf and its entry index.
     stack: Vec<(Arc<Node>, usize)>,
+    /// How many times the cursor stepped past a leaf's end into the next.
+    leaves_crossed: usize,
+    /// For levels 1 and 2, the branch whose children the read-ahead asked for last
+    /// (by address, only compared), and how far (see [`ask_ahead`]).
+    asked: [(usize, usize); 2],
+    /// The leaf-level branch after the current one that the read-ahead loaded and
+    /// asked the first leaves of (by address, only compared).
+    primed: usize,
 }
 
 impl Cursor {
@@ -112,6 +138,9 @@ impl Cursor {
         // Within a leaf, the entries up to the one before are on their way already;
         // a leaf just entered needs its whole window.
         let same_leaf = self.stack.last().is_some_and(|t| Arc::as_ptr(&t.0) == leaf);
+        if !same_leaf {
+            self.leaves_crossed += 1;
+        }
         match same_leaf {
             true => self.prefetch(forward, PREFETCH_AHEAD..=PREFETCH_AHEAD),
             false => self.prefetch(forward, 1..=PREFETCH_AHEAD),
@@ -137,6 +166,53 @@ impl Cursor {
         }
     }
 
+    /// A scan about to descend from the branch on top of the stack (of level 1 or 2)
+    /// asks the OS for the nodes ahead: the children after the one it enters, and,
+    /// once that reaches the end of a leaf-level branch, the first leaves of the next
+    /// one (loaded for that), so the disk never waits for the scan to arrive.
+    fn read_ahead(&mut self, loader: Loader<'_>, forward: bool) {
+        let Cursor {
+            stack,
+            leaves_crossed,
+            asked,
+            primed,
+        } = self;
+        let Some((node, pos)) = stack.last() else {
+            return;
+        };
+        let Some(asked) = usize::from(node.level)
+            .checked_sub(1)
+            .and_then(|l| asked.get_mut(l))
+        else {
+            return;
+        };
+        let window = read_ahead_window(node.level, *leaves_crossed);
+        let at_end = ask_ahead(loader, node, *pos, forward, window, asked);
+        if node.level != 1 || !at_end {
+            return;
+        }
+        let Some((up, i)) = stack.len().checked_sub(2).and_then(|at| stack.get(at)) else {
+            return;
+        };
+        let next = match forward {
+            true => i.checked_add(1).filter(|&n| n < up.len()),
+            false => i.checked_sub(1),
+        };
+        // A read-ahead: a node that fails to load is the descent's to report.
+        let Some(next) = next.and_then(|n| loader.child_at(up, n).ok()) else {
+            return;
+        };
+        let id = Arc::as_ptr(&next) as usize;
+        if *primed != id {
+            *primed = id;
+            let first = match forward {
+                true => 0..window.min(next.len()),
+                false => next.len().saturating_sub(window)..next.len(),
+            };
+            ask(loader, &next, first);
+        }
+    }
+
     /// While the top position is past its node's end, climb and step right, then
     /// descend leftmost.
     fn normalize_forward(&mut self, loader: Loader<'_>) -> Result<()> {
@@ -148,7 +224,11 @@ impl Cursor {
                 if node.level == 0 {
                     return Ok(());
                 }
-                let child = loader.child_at(node, *pos)?;
+                let (node, pos) = (node.clone(), *pos);
+                if self.leaves_crossed >= SCAN_AFTER_LEAVES {
+                    self.read_ahead(loader, true);
+                }
+                let child = loader.child_at(&node, pos)?;
                 self.stack.push((child, 0));
                 continue;
             }
@@ -171,7 +251,11 @@ impl Cursor {
                 if node.level == 0 {
                     return Ok(());
                 }
-                let child = loader.child_at(node, *pos)?;
+                let (node, pos) = (node.clone(), *pos);
+                if self.leaves_crossed >= SCAN_AFTER_LEAVES {
+                    self.read_ahead(loader, false);
+                }
+                let child = loader.child_at(&node, pos)?;
                 let last = child.len().wrapping_sub(1);
                 self.stack.push((child, last));
                 continue;
@@ -183,4 +267,62 @@ impl Cursor {
             }
         }
     }
+}
+
+/// Asks the OS to read the written children of `parent` (a branch of level 1 or 2)
+/// after child `pos`, which a scan is about to enter, in the direction of travel, up
+/// to `window` ahead, each once, half a window at a time. The OS reads node segments
+/// only as asked ([`crate::io::VFile::reads_are_random`]): a scan that did not ask
+/// would wait for the disk at every leaf. `asked` is the cursor's record for this
+/// level: the branch and, forward, the first index not asked for yet, backward, the
+/// last one asked for. Returns whether the window reaches the branch's last child in
+/// the direction of travel.
+fn ask_ahead(
+    loader: Loader<'_>,
+    parent: &Node,
+    pos: usize,
+    forward: bool,
+    window: usize,
+    asked: &mut (usize, usize),
+) -> bool {
+    let at_end = match forward {
+        true => pos + window + 1 >= parent.len(),
+        false => pos <= window,
+    };
+    let id = std::ptr::from_ref(parent) as usize;
+    // Children asked for so far, counted from `pos` in the direction of travel.
+    let done = match (asked.0 == id, forward) {
+        (false, _) => 0,
+        (true, true) => asked.1.saturating_sub(pos),
+        (true, false) => (pos + 1).saturating_sub(asked.1),
+    };
+    if done > window / 2 {
+        return at_end;
+    }
+    let steps = (done.max(1)..=window).filter_map(|d| match forward {
+        true => Some(pos + d).filter(|&i| i < parent.len()),
+        false => pos.checked_sub(d),
+    });
+    let last = ask(loader, parent, steps).unwrap_or(pos);
+    *asked = (id, if forward { last + 1 } else { last });
+    at_end
+}
+
+/// Asks the OS for `parent`'s children at `indices` that are written and not cached,
+/// neighbours in a file in one request (nodes written together lie back to back).
+/// Returns the last index looked at.
+fn ask(loader: Loader<'_>, parent: &Node, indices: impl Iterator<Item = usize>) -> Option<usize> {
+    let mut last = None;
+    let blocks = indices.filter_map(|i| {
+        last = Some(i);
+        if parent.linked_child(i).is_some() {
+            return None;
+        }
+        match parent.child(i) {
+            ChildRef::Disk(r) if !loader.cache.contains(r.addr) => Some((r.addr, r.len)),
+            _ => None,
+        }
+    });
+    loader.segments.will_need_blocks(blocks);
+    last
 }

@@ -25,7 +25,7 @@ mod write;
 
 pub(crate) use write::{delete, end_backrefs, insert, node_children, OldValue, WriteCtx};
 
-use crate::btree::cache::PageCache;
+use crate::btree::cache::{Admission, PageCache};
 use crate::error::{Error, Result};
 use crate::format::{crc, len_u32, Addr, BlockRef};
 use crate::space::Segments;
@@ -47,7 +47,10 @@ impl Loader<'_> {
             return Ok(n);
         }
         let node = self.read(r)?;
-        self.cache.insert(r.addr, node.clone());
+        if self.cache.insert_read(r.addr, node.clone()) == Admission::SecondRead {
+            // Hot now in both caches; ours serves it from here.
+            self.segments.forget_cached(r);
+        }
         Ok(node)
     }
 

@@ -13,7 +13,7 @@
 //! ([`Visitor::visit`], pre-order) and after them ([`Visitor::leave`], post-order, for
 //! folds), with the key range the parent's separators allow.
 
-use super::node::{Child, Node, MAX_DEPTH};
+use super::node::{Child, ChildRef, Node, MAX_DEPTH};
 use super::Loader;
 use crate::error::{Error, Result};
 use std::sync::Arc;
@@ -33,11 +33,36 @@ pub(crate) struct At<'k> {
 /// How a walk turns pointers into nodes.
 pub(crate) trait Source {
     fn node(&mut self, child: &Child) -> Result<Arc<Node>>;
+
+    /// Before the walk goes through the children of `branch`: a source that will read
+    /// them all from disk asks for them ahead (the OS reads node segments only as
+    /// asked). The default does nothing: a walk that skips most subtrees would read
+    /// what it never visits.
+    fn children_ahead(&mut self, _branch: &Node) {}
 }
 
 impl Source for Loader<'_> {
     fn node(&mut self, child: &Child) -> Result<Arc<Node>> {
         self.resolve(child)
+    }
+}
+
+/// A [`Loader`] for a walk that visits every node: it asks the OS for each branch's
+/// children that are not cached before the walk goes through them.
+pub(crate) struct ReadAhead<'a>(pub(crate) Loader<'a>);
+
+impl Source for ReadAhead<'_> {
+    fn node(&mut self, child: &Child) -> Result<Arc<Node>> {
+        self.0.resolve(child)
+    }
+
+    fn children_ahead(&mut self, branch: &Node) {
+        let loader = self.0;
+        let uncached = (0..branch.len()).filter_map(|i| match branch.child(i) {
+            ChildRef::Disk(r) if !loader.cache.contains(r.addr) => Some((r.addr, r.len)),
+            _ => None,
+        });
+        loader.segments.will_need_blocks(uncached);
     }
 }
 
@@ -103,6 +128,7 @@ fn step(
         return Ok(());
     }
     if !node.is_leaf() {
+        source.children_ahead(&node);
         let n = node.len();
         for i in 0..n {
             let pointer = node.child(i).to_owned();

@@ -50,6 +50,19 @@ pub trait VFile: Send + Sync {
     fn write_direct_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.write_all_at(buf, offset)
     }
+    /// Tells the OS its cached copy of `len` bytes at `offset` is not needed (the
+    /// caller keeps its own): a hint, which does nothing where the backend has no
+    /// such cache. Pages not yet written back are left alone.
+    fn forget_cached(&self, _offset: u64, _len: u64) {}
+    /// Tells the OS that reads of this file are random (B-tree nodes, each read
+    /// whole), so that a read brings in only the bytes asked for: the OS's
+    /// read-ahead would fill memory with neighbours nobody asked for, evicting nodes
+    /// that are. A hint, which does nothing where the backend has no such cache.
+    fn reads_are_random(&self) {}
+    /// Tells the OS that `len` bytes at `offset` will be read soon, so that it reads
+    /// them in the background (the read-ahead a scan asks for, in place of the OS's
+    /// own that [`VFile::reads_are_random`] turned off). A hint.
+    fn will_need(&self, _offset: u64, _len: u64) {}
     /// Makes every write issued so far durable (fdatasync).
     fn sync(&self) -> io::Result<()>;
     /// The current length of the file, as seen by this process.

@@ -166,6 +166,18 @@ impl VFile for ReserveFile {
         retry_full(&self.reserve, || self.inner.write_direct_at(buf, offset))
     }
 
+    fn forget_cached(&self, offset: u64, len: u64) {
+        self.inner.forget_cached(offset, len);
+    }
+
+    fn reads_are_random(&self) {
+        self.inner.reads_are_random();
+    }
+
+    fn will_need(&self, offset: u64, len: u64) {
+        self.inner.will_need(offset, len);
+    }
+
     fn sync(&self) -> io::Result<()> {
         retry_full(&self.reserve, || self.inner.sync())
     }

@@ -7,6 +7,7 @@ use super::{lock_file, LockKind, StoreLock, VFile, Vfs, DIRECT_ALIGN};
 use crate::error::{file_error, not_a_file};
 use std::fs::{File, FileType, OpenOptions};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -168,6 +169,14 @@ impl StdFile {
         self.direct.get_or_init(|| open_direct(&self.path)).as_ref()
     }
 
+    /// `posix_fadvise`: a hint, whose failure changes nothing but what the OS
+    /// caches, so it is ignored.
+    fn advise(&self, offset: libc::off_t, len: libc::off_t, advice: libc::c_int) {
+        #[allow(unsafe_code, reason = "a cache hint: see SAFETY")]
+        // SAFETY: a system call on a descriptor this file owns, passing no pointers.
+        let _ = unsafe { libc::posix_fadvise(self.file.as_raw_fd(), offset, len, advice) };
+    }
+
     /// The name and the position, for an error at `offset`.
     fn at(&self, offset: u64) -> String {
         format!("{} at byte {offset}", self.name)
@@ -200,6 +209,19 @@ impl VFile for StdFile {
             // the page cache (rewriting what did land is harmless).
             Err(e) if e.raw_os_error() == Some(EINVAL) => self.write_all_at(buf, offset),
             other => other.map_err(|e| file_error("write", self.at(offset), e)),
+        }
+    }
+    fn forget_cached(&self, offset: u64, len: u64) {
+        if let (Ok(offset), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) {
+            self.advise(offset, len, libc::POSIX_FADV_DONTNEED);
+        }
+    }
+    fn reads_are_random(&self) {
+        self.advise(0, 0, libc::POSIX_FADV_RANDOM);
+    }
+    fn will_need(&self, offset: u64, len: u64) {
+        if let (Ok(offset), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) {
+            self.advise(offset, len, libc::POSIX_FADV_WILLNEED);
         }
     }
     fn sync(&self) -> io::Result<()> {

@@ -90,6 +90,9 @@ pub(crate) const SEGMENT_TARGET_BYTES: u64 = 64 << 20;
 /// write itself.
 pub(crate) const DIRECT_MIN_BYTES: usize = 256 << 10;
 
+/// The most [`Segments::will_need`] asks the OS for in one request.
+const WILL_NEED_CHUNK: u64 = 128 << 10;
+
 /// The two kinds of segment, told apart by their header's kind byte.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -299,7 +302,12 @@ impl Segments {
                 Err(e) => return Err(e.into()),
             };
             match Self::check_header(&*file, id)? {
-                Header::Valid(kind) => newest_of[kind as usize] = Some(id),
+                Header::Valid(kind) => {
+                    newest_of[kind as usize] = Some(id);
+                    if kind == Kind::General {
+                        file.reads_are_random();
+                    }
+                }
                 Header::Unwritten => {
                     unwritten.insert(id);
                 }
@@ -462,6 +470,9 @@ impl Segments {
     /// directory.
     fn create_segment(&self, id: SegmentId, kind: Kind) -> Result<Arc<dyn VFile>> {
         let file = self.vfs.create(&id.file_name())?;
+        if kind == Kind::General {
+            file.reads_are_random();
+        }
         file.write_all_at(&Self::header(id, kind), 0)?;
         file.sync()?;
         self.vfs.sync_dir()?;
@@ -792,6 +803,60 @@ impl Segments {
             }
         })?;
         Ok(buf)
+    }
+
+    /// Tells the OS its cached copy of the block at `r` is not needed: the caller
+    /// caches the block itself (the page cache, on a leaf's second read).
+    pub(crate) fn forget_cached(&self, r: BlockRef) {
+        if let Some(file) = self.file(r.addr.segment()) {
+            file.forget_cached(r.addr.offset(), u64::from(r.len));
+        }
+    }
+
+    /// Asks the OS to read `len` bytes at `addr` in the background: blocks about to
+    /// be read in turn (general segments get no read-ahead of the OS's own).
+    pub(crate) fn will_need(&self, addr: Addr, len: u64) {
+        let Some(file) = self.file(addr.segment()) else {
+            return;
+        };
+        // Linux reads at most the larger of the device's largest request and the
+        // file's read-ahead window per request (128 KiB by default) and ignores the
+        // rest: ask in pieces it reads whole.
+        let mut at = addr.offset();
+        let end = at + len;
+        while at < end {
+            let n = (end - at).min(WILL_NEED_CHUNK);
+            file.will_need(at, n);
+            at += n;
+        }
+    }
+
+    /// [`Segments::will_need`] for each block (address and length), in the order
+    /// given, neighbours in a file (in either direction: blocks written together lie
+    /// back to back) asked for in one request.
+    pub(crate) fn will_need_blocks(&self, blocks: impl IntoIterator<Item = (Addr, u32)>) {
+        let mut run: Option<(Addr, u64)> = None;
+        for (addr, len) in blocks {
+            let len = u64::from(len);
+            let same = |at: Addr| at.segment() == addr.segment();
+            run = match run {
+                Some((at, n)) if same(at) && at.offset() + n == addr.offset() => {
+                    Some((at, n + len))
+                }
+                Some((at, n)) if same(at) && addr.offset() + len == at.offset() => {
+                    Some((addr, n + len))
+                }
+                other => {
+                    if let Some((at, n)) = other {
+                        self.will_need(at, n);
+                    }
+                    Some((addr, len))
+                }
+            };
+        }
+        if let Some((at, n)) = run {
+            self.will_need(at, n);
+        }
     }
 
     fn file(&self, id: SegmentId) -> Option<Arc<dyn VFile>> {

@@ -373,3 +373,166 @@ fn values_written_ahead_pin_their_segment_until_their_transaction_is_over() {
     drop(second);
     assert!(!segments.fence().may_grow(id), "no pin left");
 }
+
+/// What a [`Hints`] file was told, with the file's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Hint {
+    Random(String),
+    WillNeed(String, u64, u64),
+}
+
+/// A store directory that records the cache hints its files are given.
+#[derive(Clone)]
+struct Hints {
+    sim: SimVfs,
+    seen: Arc<Mutex<Vec<Hint>>>,
+}
+
+struct HintFile {
+    inner: Arc<dyn VFile>,
+    name: String,
+    seen: Arc<Mutex<Vec<Hint>>>,
+}
+
+impl VFile for HintFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.inner.read_exact_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_all_at(buf, offset)
+    }
+    fn reads_are_random(&self) {
+        lock(&self.seen).push(Hint::Random(self.name.clone()));
+    }
+    fn will_need(&self, offset: u64, len: u64) {
+        lock(&self.seen).push(Hint::WillNeed(self.name.clone(), offset, len));
+    }
+    fn sync(&self) -> std::io::Result<()> {
+        self.inner.sync()
+    }
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.inner.set_len(len)
+    }
+}
+
+impl Hints {
+    fn wrap(&self, name: &str, inner: Arc<dyn VFile>) -> Arc<dyn VFile> {
+        Arc::new(HintFile {
+            inner,
+            name: name.to_owned(),
+            seen: self.seen.clone(),
+        })
+    }
+    fn take(&self) -> Vec<Hint> {
+        std::mem::take(&mut *lock(&self.seen))
+    }
+}
+
+impl Vfs for Hints {
+    fn open(&self, name: &str) -> std::io::Result<Arc<dyn VFile>> {
+        Ok(self.wrap(name, self.sim.open(name)?))
+    }
+    fn create(&self, name: &str) -> std::io::Result<Arc<dyn VFile>> {
+        Ok(self.wrap(name, self.sim.create(name)?))
+    }
+    fn remove(&self, name: &str) -> std::io::Result<()> {
+        self.sim.remove(name)
+    }
+    fn rename(&self, from: &str, to: &str) -> std::io::Result<()> {
+        self.sim.rename(from, to)
+    }
+    fn exists(&self, name: &str) -> std::io::Result<bool> {
+        self.sim.exists(name)
+    }
+    fn list(&self) -> std::io::Result<Vec<String>> {
+        self.sim.list()
+    }
+    fn sync_dir(&self) -> std::io::Result<()> {
+        self.sim.sync_dir()
+    }
+    fn lock(&self, kind: crate::io::LockKind) -> std::io::Result<Box<dyn crate::io::StoreLock>> {
+        self.sim.lock(kind)
+    }
+}
+
+/// Node segments are read at random (no read-ahead of the OS's own), whether created
+/// or found at open; data segments keep the OS's read-ahead (a volume read in order
+/// is a stream).
+#[test]
+fn node_segments_are_read_at_random_and_data_segments_are_not() {
+    let hints = Hints {
+        sim: SimVfs::new(),
+        seen: Arc::default(),
+    };
+    let segments = Segments::open(Arc::new(hints.clone()), false).expect("open");
+    let node = segments.append(b"a node").expect("append");
+    let value = segments.append_value(b"a value").expect("append");
+    segments.sync().expect("sync");
+    let (general, data) = (
+        node.addr.segment().file_name(),
+        value.addr.segment().file_name(),
+    );
+    assert_eq!(hints.take(), vec![Hint::Random(general.clone())]);
+    drop(segments);
+    let _reopened = Segments::open(Arc::new(hints.clone()), false).expect("reopen");
+    let seen = hints.take();
+    assert_eq!(
+        seen,
+        vec![Hint::Random(general)],
+        "{data} must keep read-ahead"
+    );
+}
+
+/// Blocks asked for together go out as one request per run of neighbours (either
+/// way round), split where a gap or another segment comes, and in pieces Linux
+/// reads whole.
+#[test]
+fn will_need_asks_for_runs_of_neighbours_in_pieces() {
+    let hints = Hints {
+        sim: SimVfs::new(),
+        seen: Arc::default(),
+    };
+    let segments = Segments::open(Arc::new(hints.clone()), false).expect("open");
+    let one = segments
+        .append(b"segment one")
+        .expect("append")
+        .addr
+        .segment();
+    segments.seal();
+    let two = segments
+        .append(b"segment two")
+        .expect("append")
+        .addr
+        .segment();
+    hints.take();
+    let at = |s: SegmentId, o: u64| Addr::new(s, o);
+    segments.will_need_blocks([
+        (at(one, 100), 10),
+        (at(one, 110), 20),
+        (at(one, 90), 10), // before the run: joins it
+        (at(one, 200), 8), // a gap
+        (at(two, 208), 8), // another segment
+    ]);
+    let (n1, n2) = (one.file_name(), two.file_name());
+    assert_eq!(
+        hints.take(),
+        vec![
+            Hint::WillNeed(n1.clone(), 90, 40),
+            Hint::WillNeed(n1.clone(), 200, 8),
+            Hint::WillNeed(n2, 208, 8),
+        ]
+    );
+    // A run longer than one piece goes in pieces of at most `WILL_NEED_CHUNK`.
+    let big = u32::try_from(WILL_NEED_CHUNK).expect("small");
+    segments.will_need_blocks([(at(one, 4096), big), (at(one, 4096 + WILL_NEED_CHUNK), 100)]);
+    assert_eq!(
+        hints.take(),
+        vec![
+            Hint::WillNeed(n1.clone(), 4096, WILL_NEED_CHUNK),
+            Hint::WillNeed(n1, 4096 + WILL_NEED_CHUNK, 100),
+        ]
+    );
+}
