@@ -495,6 +495,9 @@ fn shutdown(shared: &Shared, reserve: &Reserve) -> Result<()> {
     }
     // What `versions()` learnt, for the next process (a hint; failure is harmless).
     let _ = subtree_memo::save(shared);
+    // Zeros written ahead of the data stream are space the next process would
+    // count as dead.
+    shared.segments.trim_zeros();
     // Space freed by this session comes back as the reserve first. Best effort: a
     // disk still full leaves it for a later close.
     let segment_bytes = shared

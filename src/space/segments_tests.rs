@@ -536,3 +536,80 @@ fn will_need_asks_for_runs_of_neighbours_in_pieces() {
         ]
     );
 }
+
+/// While the data stream's appends are small and synced often, the segment prepared
+/// ahead is filled with zeros one chunk per call and then synced, so that the small appends it takes
+/// overwrite written blocks; the roll cuts the old segment back to its blocks' end,
+/// sizes count blocks, not zeros, and a close cuts the zeros off. Large appends leave
+/// the prepared segment as it is.
+#[test]
+fn a_prepared_data_segment_is_zeroed_ahead_of_small_appends() {
+    let sim = SimVfs::new();
+    let segments = Segments::open(Arc::new(sim.clone()), false).unwrap();
+    let large = vec![7u8; 4 << 20];
+    let first = segments.append_value(&large).unwrap().addr.segment();
+    while segments.appender(Kind::Data).end < SEGMENT_TARGET_BYTES / 4 * 3 {
+        segments.append_value(&large).unwrap();
+    }
+    segments.prepare_data_segment().unwrap();
+    let prepared = SegmentId(first.0 + 1);
+    let prepared_len = || sim.file_len(&name(prepared.0)).unwrap();
+    // After large appends: no zeros.
+    segments.prepare_data_segment().unwrap();
+    assert_eq!(prepared_len(), HEADER_LEN as u64);
+    // After a small one, while syncs are rare: no zeros either.
+    let small = vec![9u8; 4096];
+    segments.append_value(&small).unwrap();
+    segments.sync_values().unwrap();
+    segments.prepare_data_segment().unwrap();
+    assert_eq!(prepared_len(), HEADER_LEN as u64);
+    // Small appends synced often: a chunk per call, at the appends' pace.
+    segments.append_value(&small).unwrap();
+    segments.sync_values().unwrap();
+    segments.prepare_data_segment().unwrap();
+    assert_eq!(prepared_len(), ZERO_CHUNK as u64);
+    // At the pace of the appends: two chunks ahead of eight times the last
+    // quarter's fill.
+    for _ in 0..5 {
+        segments.prepare_data_segment().unwrap();
+    }
+    let paced = prepared_len();
+    assert!(
+        (2..=3).contains(&(paced / ZERO_CHUNK as u64)),
+        "{paced} bytes zeroed"
+    );
+    while segments.appender(Kind::Data).end < SEGMENT_TARGET_BYTES - (1 << 20) {
+        segments.append_value(&small).unwrap();
+        segments.prepare_data_segment().unwrap();
+    }
+    for _ in 0..3 {
+        segments.prepare_data_segment().unwrap();
+    }
+    assert_eq!(prepared_len(), SEGMENT_TARGET_BYTES);
+    assert!(lock(&segments.prepared).as_ref().unwrap().synced);
+    // Small appends fill the old segment, then land in the zeroed one from its start.
+    let medium = vec![5u8; 200 << 10];
+    let mut last = segments.append_value(&medium).unwrap();
+    while last.addr.segment() == first {
+        last = segments.append_value(&medium).unwrap();
+    }
+    assert_eq!(last.addr, Addr::new(prepared, DIRECT_ALIGN as u64));
+    assert_eq!(segments.read(last, "extent").unwrap(), medium);
+    let old_end = sim.file_len(&name(first.0)).unwrap();
+    assert!(old_end <= SEGMENT_TARGET_BYTES && old_end > SEGMENT_TARGET_BYTES / 4 * 3);
+    // The active segment's size is its blocks' end, not the file's.
+    let end = segments.appender(Kind::Data).end;
+    let sizes: BTreeMap<SegmentId, u64> = segments.sizes().unwrap().into_iter().collect();
+    assert_eq!(sizes[&prepared], end);
+    assert_eq!(sizes[&first], old_end);
+    assert_eq!(prepared_len(), SEGMENT_TARGET_BYTES);
+    // A close cuts the zeros off; a reopen continues after the blocks.
+    segments.sync().unwrap();
+    segments.trim_zeros();
+    assert_eq!(prepared_len(), end);
+    drop(segments);
+    let segments = reopen(&sim);
+    let next = segments.append_value(&small).unwrap();
+    assert_eq!(next.addr, Addr::new(prepared, end));
+    assert_eq!(segments.read(last, "extent").unwrap(), medium);
+}
