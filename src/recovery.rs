@@ -225,6 +225,7 @@ fn load(
 ) -> Result<Loaded> {
     let sb_file = SuperblockFile::read(&*vfs, &label)?;
     let segments = Segments::open(vfs.clone(), opts.read_only)?;
+    segments.set_zeros_ahead(opts.data_zeros_ahead);
     let (sb, meta, chain) = load_newest(&sb_file, &segments)?;
     let fallback = sb_file
         .candidates()?

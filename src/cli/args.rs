@@ -269,6 +269,11 @@ pub enum Command {
         #[arg(long, value_name = "MICROSECONDS", default_value_t = 64,
               value_parser = clap::value_parser!(u64).range(0..=10_000))]
         poll_max_us: u64,
+        /// Write zeros ahead of the volumes' data, so that a client's flushes of
+        /// small writes commit no file-system metadata: faster flushes (+13% IOPS
+        /// for 4 KiB writes flushed every 16, ext4), every data byte written twice.
+        #[arg(long)]
+        zeros_ahead: bool,
     },
     /// A guided tour: create a store in a temporary directory, load data, read it
     /// back, show stats, make and compare versions, verify it, and explain each step.

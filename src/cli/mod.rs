@@ -178,6 +178,7 @@ fn dispatch(cli: Cli) -> CliResult {
             socket,
             listen,
             poll_max_us,
+            zeros_ahead,
         } => serve::serve(
             &ctx,
             &mut out,
@@ -185,6 +186,7 @@ fn dispatch(cli: Cli) -> CliResult {
             socket.as_deref(),
             listen.as_deref(),
             Duration::from_micros(*poll_max_us),
+            *zeros_ahead,
         ),
     };
     // Whatever was printed before a failure still goes out.

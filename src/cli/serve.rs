@@ -26,7 +26,7 @@ use std::time::Duration;
 /// is given.
 const DEFAULT_SOCKET_NAME: &str = "nbd.sock";
 
-/// `cambium serve DIR [--socket PATH | --listen ADDR:PORT] [--poll-max-us N]`
+/// `cambium serve DIR [--socket PATH | --listen ADDR:PORT] [--poll-max-us N] [--zeros-ahead]`
 pub fn serve(
     ctx: &Ctx,
     out: &mut impl Write,
@@ -34,9 +34,11 @@ pub fn serve(
     socket: Option<&Path>,
     listen: Option<&str>,
     poll_max: Duration,
+    zeros_ahead: bool,
 ) -> CliResult {
     let opts = Options {
         lock_wait: lock_wait(),
+        data_zeros_ahead: zeros_ahead,
         ..Default::default()
     };
     let store = Store::open_with(dir, opts)?;

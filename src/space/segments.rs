@@ -35,7 +35,7 @@ use crate::format::{crc, Addr, BlockRef, Decoder, SegmentId};
 use crate::io::{AlignedBuf, VFile, Vfs, DIRECT_ALIGN};
 use crate::sync::lock;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 const SEGMENT_MAGIC: &[u8; 8] = b"CAMBSEG\0";
@@ -284,6 +284,8 @@ pub(crate) struct Segments {
     /// two syncs that had any (see [`ZEROS_SYNC_GAP`]).
     since_sync: AtomicU64,
     sync_gap: AtomicU64,
+    /// Whether zeros are written ahead at all (`Options::data_zeros_ahead`).
+    zeros_ahead: AtomicBool,
     unsynced: Mutex<Unsynced>,
     /// Segments with values written ahead of their transaction, and how many such
     /// writes are open ([`Pin`]); counted up under the data appender's lock, in the
@@ -376,6 +378,7 @@ impl Segments {
             zeros: std::sync::OnceLock::new(),
             since_sync: AtomicU64::new(0),
             sync_gap: AtomicU64::new(u64::MAX),
+            zeros_ahead: AtomicBool::new(false),
             unsynced: Mutex::new(Unsynced::default()),
             pins: Mutex::new(BTreeMap::new()),
             read_only,
@@ -538,8 +541,10 @@ impl Segments {
     /// The first step creates the file, so that the append that fills the active
     /// segment does not create one and wait for two fsyncs (~0.4 ms here, more in
     /// the disk's tail) while its transaction holds the writer lock, as every other
-    /// writer, a snapshot or a clone then would. While the appends are small (4 KiB
-    /// blocks, committed and flushed one by one), each later step writes the next
+    /// writer, a snapshot or a clone then would. If zeros ahead are on
+    /// (`Options::data_zeros_ahead`, off by default: they double the bytes written)
+    /// and the appends are small (4 KiB blocks, flushed every few), each later step
+    /// writes the next
     /// [`ZERO_CHUNK`] of zeros past the page cache, and the last one syncs the file:
     /// the small appends that land there overwrite written blocks, and each flush's
     /// `fdatasync` of the data then has no metadata to commit (the WAL's spare file
@@ -552,7 +557,8 @@ impl Segments {
             return Ok(());
         }
         let due = SEGMENT_TARGET_BYTES / 4 * 3;
-        let synced_often = self.sync_gap.load(Ordering::Relaxed) <= ZEROS_SYNC_GAP;
+        let synced_often = self.zeros_ahead.load(Ordering::Relaxed)
+            && self.sync_gap.load(Ordering::Relaxed) <= ZEROS_SYNC_GAP;
         let (small, zeros_due) = {
             let app = self.appender(Kind::Data);
             if app.active.is_none() || app.end < due {
@@ -1122,6 +1128,12 @@ impl Segments {
     /// is wrong with each: ignored (see the module docs).
     pub(crate) fn strays(&self) -> &BTreeMap<SegmentId, String> {
         &self.strays
+    }
+
+    /// Turns writing zeros ahead of the data stream on or off (see
+    /// [`Segments::prepare_data_segment`]).
+    pub(crate) fn set_zeros_ahead(&self, on: bool) {
+        self.zeros_ahead.store(on, Ordering::Relaxed);
     }
 
     /// Cuts the zeros written ahead ([`Segments::prepare_data_segment`]) off the

@@ -537,7 +537,8 @@ fn will_need_asks_for_runs_of_neighbours_in_pieces() {
     );
 }
 
-/// While the data stream's appends are small and synced often, the segment prepared
+/// With zeros ahead on, while the data stream's appends are small and synced often,
+/// the segment prepared
 /// ahead is filled with zeros one chunk per call and then synced, so that the small appends it takes
 /// overwrite written blocks; the roll cuts the old segment back to its blocks' end,
 /// sizes count blocks, not zeros, and a close cuts the zeros off. Large appends leave
@@ -546,6 +547,7 @@ fn will_need_asks_for_runs_of_neighbours_in_pieces() {
 fn a_prepared_data_segment_is_zeroed_ahead_of_small_appends() {
     let sim = SimVfs::new();
     let segments = Segments::open(Arc::new(sim.clone()), false).unwrap();
+    segments.set_zeros_ahead(true);
     let large = vec![7u8; 4 << 20];
     let first = segments.append_value(&large).unwrap().addr.segment();
     while segments.appender(Kind::Data).end < SEGMENT_TARGET_BYTES / 4 * 3 {
@@ -563,9 +565,14 @@ fn a_prepared_data_segment_is_zeroed_ahead_of_small_appends() {
     segments.sync_values().unwrap();
     segments.prepare_data_segment().unwrap();
     assert_eq!(prepared_len(), HEADER_LEN as u64);
-    // Small appends synced often: a chunk per call, at the appends' pace.
+    // Small appends synced often: a chunk per call, at the appends' pace (only
+    // when zeros ahead are on).
     segments.append_value(&small).unwrap();
     segments.sync_values().unwrap();
+    segments.set_zeros_ahead(false);
+    segments.prepare_data_segment().unwrap();
+    assert_eq!(prepared_len(), HEADER_LEN as u64);
+    segments.set_zeros_ahead(true);
     segments.prepare_data_segment().unwrap();
     assert_eq!(prepared_len(), ZERO_CHUNK as u64);
     // At the pace of the appends: two chunks ahead of eight times the last
