@@ -592,3 +592,38 @@ fn a_full_disk_refuses_writes_honestly_and_loses_nothing() {
     assert_eq!(ok(run(&["scan", d])), "a\t1\nb\t2\nc\t3\n");
     verify_clean(d);
 }
+
+/// A store has more files open than a low soft limit on open files allows (each
+/// segment stays open; a store of ~60 GiB has a thousand): the CLI raises the soft
+/// limit to the hard one, so the store opens where the hard limit allows, for reads
+/// and writes alike.
+#[test]
+fn a_low_soft_limit_on_open_files_is_raised() {
+    let t = store_with_versions();
+    let dir = t.d().to_owned();
+    let files = std::fs::read_dir(&t.dir).unwrap().count();
+    // stdin, stdout, stderr and one more: fewer than the store's files.
+    let limit = 4;
+    assert!(files > 1, "{files} files");
+    let with_limit = |args: &str| {
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("ulimit -S -n {limit} && exec {BIN} {args}"))
+            .output()
+            .unwrap()
+    };
+    let out = with_limit(&format!("get {dir} a"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = with_limit(&format!("put {dir} d 4"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(ok(run(&["get", &dir, "d"])), "4\n");
+    verify_clean(&dir);
+}

@@ -21,9 +21,34 @@ pub struct StdVfs {
     read_only: bool,
 }
 
+/// Raises this process's soft limit on open files to its hard limit, once. A store
+/// keeps every segment file open (64 MiB each), and the soft limit many systems
+/// start a shell with, 1024, would refuse to open a store past ~60 GiB (`Too many
+/// open files`) while the hard limit (often 512Ki or more) allows it. Best effort:
+/// where it fails, opens fail as before, naming the file.
+fn raise_open_file_limit() {
+    static RAISED: std::sync::Once = std::sync::Once::new();
+    RAISED.call_once(|| {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        #[allow(unsafe_code, reason = "getrlimit/setrlimit: see SAFETY")]
+        // SAFETY: `lim` is a valid, writable rlimit for the duration of both calls,
+        // which read or write nothing else.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+                lim.rlim_cur = lim.rlim_max;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+            }
+        }
+    });
+}
+
 impl StdVfs {
     /// A backend rooted at `dir`, which must exist.
     pub fn new(dir: impl AsRef<Path>) -> Self {
+        raise_open_file_limit();
         StdVfs {
             dir: dir.as_ref().to_path_buf(),
             read_only: false,
@@ -32,6 +57,7 @@ impl StdVfs {
 
     /// A backend that only reads the directory `dir`.
     pub fn read_only(dir: impl AsRef<Path>) -> Self {
+        raise_open_file_limit();
         StdVfs {
             dir: dir.as_ref().to_path_buf(),
             read_only: true,
