@@ -473,6 +473,9 @@ fn shutdown(shared: &Shared, reserve: &Reserve) -> Result<()> {
     // Deferred commits are acknowledged and visible: a clean close makes them
     // durable whether or not it checkpoints.
     commit::sync_to(shared, shared.wal.last_lsn())?;
+    // No more data is appended: zeros written ahead of it are space the next process
+    // would count as dead.
+    shared.segments.trim_zeros();
     if !shared.opts.checkpoint_on_close {
         return Ok(());
     }
@@ -495,9 +498,6 @@ fn shutdown(shared: &Shared, reserve: &Reserve) -> Result<()> {
     }
     // What `versions()` learnt, for the next process (a hint; failure is harmless).
     let _ = subtree_memo::save(shared);
-    // Zeros written ahead of the data stream are space the next process would
-    // count as dead.
-    shared.segments.trim_zeros();
     // Space freed by this session comes back as the reserve first. Best effort: a
     // disk still full leaves it for a later close.
     let segment_bytes = shared

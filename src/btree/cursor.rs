@@ -303,8 +303,10 @@ fn ask_ahead(
         true => Some(pos + d).filter(|&i| i < parent.len()),
         false => pos.checked_sub(d),
     });
-    let last = ask(loader, parent, steps).unwrap_or(pos);
-    *asked = (id, if forward { last + 1 } else { last });
+    // Nothing left to ask for in this direction: the record stays as it is.
+    if let Some(last) = ask(loader, parent, steps) {
+        *asked = (id, if forward { last + 1 } else { last });
+    }
     at_end
 }
 

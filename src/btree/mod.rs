@@ -153,7 +153,16 @@ impl Loader<'_> {
             return self.child_of(parent.level, child);
         }
         let node = self.child_of(parent.level, child)?;
-        parent.link_child(i, &node);
+        // A link is set once: not to a leaf the cache refused (it is dropped after
+        // this read, the link with it, and a later read that admits it could not link
+        // it again).
+        if node.level > 0
+            || child
+                .disk_ref()
+                .is_some_and(|r| self.cache.contains(r.addr))
+        {
+            parent.link_child(i, &node);
+        }
         Ok(node)
     }
 

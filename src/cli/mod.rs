@@ -75,6 +75,8 @@ impl Ctx {
 
 /// Runs the tool on the process's arguments and returns the exit code.
 pub fn run() -> i32 {
+    // A large store keeps more segment files open than a shell's usual soft limit.
+    cambium::io::raise_open_file_limit();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

@@ -23,7 +23,7 @@ pub(crate) use reserve::{Reserve, ReserveVfs};
 
 pub(crate) use aligned::{AlignedBuf, DIRECT_ALIGN};
 pub use lock_file::LOCK_FILE;
-pub use std_vfs::StdVfs;
+pub use std_vfs::{raise_open_file_limit, StdVfs};
 
 use std::io;
 use std::sync::Arc;

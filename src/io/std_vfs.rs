@@ -24,9 +24,12 @@ pub struct StdVfs {
 /// Raises this process's soft limit on open files to its hard limit, once. A store
 /// keeps every segment file open (64 MiB each), and the soft limit many systems
 /// start a shell with, 1024, would refuse to open a store past ~60 GiB (`Too many
-/// open files`) while the hard limit (often 512Ki or more) allows it. Best effort:
-/// where it fails, opens fail as before, naming the file.
-fn raise_open_file_limit() {
+/// open files`) while the hard limit (often 512Ki or more) allows it. The `cambium`
+/// tool calls it at start; a program embedding the library decides for itself (the
+/// limit is process-wide, inherited by children, and a program using `select` must
+/// stay under 1024 descriptors). Best effort: where it fails, opens fail as before,
+/// naming the file.
+pub fn raise_open_file_limit() {
     static RAISED: std::sync::Once = std::sync::Once::new();
     RAISED.call_once(|| {
         let mut lim = libc::rlimit {
@@ -48,7 +51,6 @@ fn raise_open_file_limit() {
 impl StdVfs {
     /// A backend rooted at `dir`, which must exist.
     pub fn new(dir: impl AsRef<Path>) -> Self {
-        raise_open_file_limit();
         StdVfs {
             dir: dir.as_ref().to_path_buf(),
             read_only: false,
@@ -57,7 +59,6 @@ impl StdVfs {
 
     /// A backend that only reads the directory `dir`.
     pub fn read_only(dir: impl AsRef<Path>) -> Self {
-        raise_open_file_limit();
         StdVfs {
             dir: dir.as_ref().to_path_buf(),
             read_only: true,
@@ -197,11 +198,16 @@ impl StdFile {
 
     /// `posix_fadvise`: a hint, whose failure changes nothing but what the OS
     /// caches, so it is ignored.
+    #[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
     fn advise(&self, offset: libc::off_t, len: libc::off_t, advice: libc::c_int) {
         #[allow(unsafe_code, reason = "a cache hint: see SAFETY")]
         // SAFETY: a system call on a descriptor this file owns, passing no pointers.
         let _ = unsafe { libc::posix_fadvise(self.file.as_raw_fd(), offset, len, advice) };
     }
+
+    /// No such hints here.
+    #[cfg(not(any(target_os = "linux", target_os = "android", target_os = "freebsd")))]
+    fn advise(&self, _offset: libc::off_t, _len: libc::off_t, _advice: libc::c_int) {}
 
     /// The name and the position, for an error at `offset`.
     fn at(&self, offset: u64) -> String {

@@ -469,7 +469,7 @@ impl Segments {
             Kind::Data => self.prepared.try_lock().ok().and_then(|mut p| p.take()),
             Kind::General => None,
         };
-        let (id, file) = match prepared {
+        let (id, file, zeroed) = match prepared {
             Some(ready) => {
                 // The stream holds it from here: a fence sees it as active.
                 let _next = lock(&self.next_id);
@@ -477,11 +477,11 @@ impl Segments {
                 if *prepared_id == Some(ready.id) {
                     *prepared_id = None;
                 }
-                (ready.id, ready.file)
+                (ready.id, ready.file, ready.zeroed > SEGMENT_HEADER_SIZE)
             }
             None => {
                 let id = self.take_id(None);
-                (id, self.create_segment(id, app.kind)?)
+                (id, self.create_segment(id, app.kind)?, false)
             }
         };
         if let Some((_, old)) = &app.active {
@@ -499,12 +499,12 @@ impl Segments {
             .insert(id, file.clone());
         app.active = Some((id, file));
         app.resume = None;
-        // A data segment's blocks start on a page: blocks of whole pages (a volume's
-        // 4 KiB blocks) then fill whole pages, which a write over the zeros written
-        // ahead replaces without reading them first.
-        app.end = match app.kind {
-            Kind::Data => DIRECT_ALIGN as u64,
-            Kind::General => SEGMENT_HEADER_SIZE,
+        // Over zeros written ahead, blocks start on a page: blocks of whole pages (a
+        // volume's 4 KiB blocks) then replace whole pages of zeros, without reading
+        // them first. (Elsewhere they follow the header: a gap would be dead bytes.)
+        app.end = match zeroed {
+            true => DIRECT_ALIGN as u64,
+            false => SEGMENT_HEADER_SIZE,
         };
         Ok(())
     }
@@ -1162,17 +1162,19 @@ impl Segments {
     /// [`Segments::prepare_data_segment`]). The store's footprint counts the files'
     /// lengths.
     pub(crate) fn sizes(&self) -> Result<Vec<(SegmentId, u64)>> {
-        let data_end = {
+        // The list taken under the data stream's lock (the order `roll` takes them
+        // in), so that a roll cannot come between the active segment's end and it.
+        let (data_end, files) = {
             let app = self.appender(Kind::Data);
-            app.active.as_ref().map(|(id, _)| (*id, app.end))
+            let files: Vec<_> = self
+                .files
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .map(|(id, f)| (*id, f.clone()))
+                .collect();
+            (app.active.as_ref().map(|(id, _)| (*id, app.end)), files)
         };
-        let files: Vec<_> = self
-            .files
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .iter()
-            .map(|(id, f)| (*id, f.clone()))
-            .collect();
         files
             .into_iter()
             .map(|(id, f)| {
