@@ -419,6 +419,12 @@ impl VFile for HintFile {
 }
 
 impl Hints {
+    fn new() -> Hints {
+        Hints {
+            sim: SimVfs::new(),
+            seen: Arc::default(),
+        }
+    }
     fn wrap(&self, name: &str, inner: Arc<dyn VFile>) -> Arc<dyn VFile> {
         Arc::new(HintFile {
             inner,
@@ -463,10 +469,7 @@ impl Vfs for Hints {
 /// is a stream).
 #[test]
 fn node_segments_are_read_at_random_and_data_segments_are_not() {
-    let hints = Hints {
-        sim: SimVfs::new(),
-        seen: Arc::default(),
-    };
+    let hints = Hints::new();
     let segments = Segments::open(Arc::new(hints.clone()), false).expect("open");
     let node = segments.append(b"a node").expect("append");
     let value = segments.append_value(b"a value").expect("append");
@@ -491,10 +494,7 @@ fn node_segments_are_read_at_random_and_data_segments_are_not() {
 /// reads whole.
 #[test]
 fn will_need_asks_for_runs_of_neighbours_in_pieces() {
-    let hints = Hints {
-        sim: SimVfs::new(),
-        seen: Arc::default(),
-    };
+    let hints = Hints::new();
     let segments = Segments::open(Arc::new(hints.clone()), false).expect("open");
     let one = segments
         .append(b"segment one")
