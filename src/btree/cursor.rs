@@ -59,8 +59,8 @@ pub(crate) struct Cursor {
     /// (by address, only compared), and how far (see [`ask_ahead`]).
     asked: [(usize, usize); 2],
     /// The leaf-level branch after the current one that the read-ahead loaded and
-    /// asked the first leaves of (by address, only compared).
-    primed: usize,
+    /// asked the first leaves of: its parent (by address, only compared) and index.
+    primed: (usize, usize),
 }
 
 impl Cursor {
@@ -198,19 +198,23 @@ impl Cursor {
             true => i.checked_add(1).filter(|&n| n < up.len()),
             false => i.checked_sub(1),
         };
-        // A read-ahead: a node that fails to load is the descent's to report.
-        let Some(next) = next.and_then(|n| loader.child_at(up, n).ok()) else {
+        let Some(n) = next else {
             return;
         };
-        let id = Arc::as_ptr(&next) as usize;
-        if *primed != id {
-            *primed = id;
-            let first = match forward {
-                true => 0..window.min(next.len()),
-                false => next.len().saturating_sub(window)..next.len(),
-            };
-            ask(loader, &next, first);
+        let at = (Arc::as_ptr(up) as usize, n);
+        if *primed == at {
+            return;
         }
+        *primed = at;
+        // A read-ahead: a node that fails to load is the descent's to report.
+        let Ok(next) = loader.child_at(up, n) else {
+            return;
+        };
+        let first = match forward {
+            true => 0..window.min(next.len()),
+            false => next.len().saturating_sub(window)..next.len(),
+        };
+        ask(loader, &next, first);
     }
 
     /// While the top position is past its node's end, climb and step right, then
@@ -224,11 +228,13 @@ impl Cursor {
                 if node.level == 0 {
                     return Ok(());
                 }
-                let (node, pos) = (node.clone(), *pos);
                 if self.leaves_crossed >= SCAN_AFTER_LEAVES {
                     self.read_ahead(loader, true);
                 }
-                let child = loader.child_at(&node, pos)?;
+                let Some((node, pos)) = self.stack.last() else {
+                    return Ok(());
+                };
+                let child = loader.child_at(node, *pos)?;
                 self.stack.push((child, 0));
                 continue;
             }
@@ -251,11 +257,13 @@ impl Cursor {
                 if node.level == 0 {
                     return Ok(());
                 }
-                let (node, pos) = (node.clone(), *pos);
                 if self.leaves_crossed >= SCAN_AFTER_LEAVES {
                     self.read_ahead(loader, false);
                 }
-                let child = loader.child_at(&node, pos)?;
+                let Some((node, pos)) = self.stack.last() else {
+                    return Ok(());
+                };
+                let child = loader.child_at(node, *pos)?;
                 let last = child.len().wrapping_sub(1);
                 self.stack.push((child, last));
                 continue;
@@ -317,7 +325,7 @@ fn ask(loader: Loader<'_>, parent: &Node, indices: impl Iterator<Item = usize>) 
     let mut last = None;
     let blocks = indices.filter_map(|i| {
         last = Some(i);
-        if parent.linked_child(i).is_some() {
+        if parent.has_live_link(i) {
             return None;
         }
         match parent.child(i) {

@@ -354,6 +354,15 @@ impl Node {
         self.links.get(i)?.get()?.upgrade()
     }
 
+    /// Whether branch entry `i` links to a child still in memory (no reference
+    /// taken: a look, for a read-ahead deciding what to ask the OS for).
+    pub(crate) fn has_live_link(&self, i: usize) -> bool {
+        self.links
+            .get(i)
+            .and_then(|l| l.get())
+            .is_some_and(|w| w.strong_count() > 0)
+    }
+
     /// Links branch entry `i` to `child`, just loaded through it (and checked
     /// against it), unless a link was set already.
     pub(crate) fn link_child(&self, i: usize, child: &Arc<Node>) {
