@@ -2,7 +2,7 @@
 //! There is no leaf chaining (Rodeh §2): moving past the end of a leaf climbs the
 //! stack to the next subtree and descends its leftmost (or rightmost) path.
 
-use super::node::{Child, ChildRef, Node, ValueRef, MAX_DEPTH};
+use super::node::{Child, Node, ValueRef, MAX_DEPTH};
 use super::Loader;
 use crate::error::{Error, Result};
 use std::sync::Arc;
@@ -214,7 +214,7 @@ impl Cursor {
             true => 0..window.min(next.len()),
             false => next.len().saturating_sub(window)..next.len(),
         };
-        ask(loader, &next, first);
+        loader.ask_for_children(&next, first);
     }
 
     /// While the top position is past its node's end, climb and step right, then
@@ -312,27 +312,8 @@ fn ask_ahead(
         false => pos.checked_sub(d),
     });
     // Nothing left to ask for in this direction: the record stays as it is.
-    if let Some(last) = ask(loader, parent, steps) {
+    if let Some(last) = loader.ask_for_children(parent, steps) {
         *asked = (id, if forward { last + 1 } else { last });
     }
     at_end
-}
-
-/// Asks the OS for `parent`'s children at `indices` that are written and not cached,
-/// neighbours in a file in one request (nodes written together lie back to back).
-/// Returns the last index looked at.
-fn ask(loader: Loader<'_>, parent: &Node, indices: impl Iterator<Item = usize>) -> Option<usize> {
-    let mut last = None;
-    let blocks = indices.filter_map(|i| {
-        last = Some(i);
-        if parent.has_live_link(i) {
-            return None;
-        }
-        match parent.child(i) {
-            ChildRef::Disk(r) if !loader.cache.contains(r.addr) => Some((r.addr, r.len)),
-            _ => None,
-        }
-    });
-    loader.segments.will_need_blocks(blocks);
-    last
 }

@@ -166,6 +166,30 @@ impl Loader<'_> {
         Ok(node)
     }
 
+    /// Asks the OS to read `parent`'s children at `indices` that are written and
+    /// neither linked nor cached, neighbours in a file in one request (nodes written
+    /// together lie back to back): a read-ahead for a scan or a walk, since the OS
+    /// reads node segments only as asked. Returns the last index looked at.
+    pub(crate) fn ask_for_children(
+        &self,
+        parent: &Node,
+        indices: impl Iterator<Item = usize>,
+    ) -> Option<usize> {
+        let mut last = None;
+        let blocks = indices.filter_map(|i| {
+            last = Some(i);
+            if parent.has_live_link(i) {
+                return None;
+            }
+            match parent.child(i) {
+                ChildRef::Disk(r) if !self.cache.contains(r.addr) => Some((r.addr, r.len)),
+                ChildRef::Disk(_) | ChildRef::Mem(_) => None,
+            }
+        });
+        self.segments.will_need_blocks(blocks);
+        last
+    }
+
     /// Reads an out-of-line value.
     pub(crate) fn extent(&self, r: BlockRef) -> Result<Vec<u8>> {
         self.segments.read(r, "extent")

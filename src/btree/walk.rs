@@ -13,7 +13,7 @@
 //! ([`Visitor::visit`], pre-order) and after them ([`Visitor::leave`], post-order, for
 //! folds), with the key range the parent's separators allow.
 
-use super::node::{Child, ChildRef, Node, MAX_DEPTH};
+use super::node::{Child, Node, MAX_DEPTH};
 use super::Loader;
 use crate::error::{Error, Result};
 use std::sync::Arc;
@@ -57,12 +57,7 @@ impl Source for ReadAhead<'_> {
     }
 
     fn children_ahead(&mut self, branch: &Node) {
-        let loader = self.0;
-        let uncached = (0..branch.len()).filter_map(|i| match branch.child(i) {
-            ChildRef::Disk(r) if !loader.cache.contains(r.addr) => Some((r.addr, r.len)),
-            _ => None,
-        });
-        loader.segments.will_need_blocks(uncached);
+        self.0.ask_for_children(branch, 0..branch.len());
     }
 }
 
