@@ -4,7 +4,8 @@
 //! Recovery: read both superblock slots; take the newest valid one whose metadata chain
 //! reads back (else the other): its blobs from the newest back to the base, the deltas
 //! then applied forward (`meta::chain`). Open every segment (header checked). Replay every WAL
-//! generation from the superblock's `wal_gen` on, in order, each up to its torn tail,
+//! generation from the superblock's `wal_gen` on, in order, each up to its torn tail
+//! (or up to a record whose value extents did not reach the disk: [`replay_wal`]),
 //! through the same write kernel as live commits (`engine::apply_record`). New commits
 //! go to a fresh generation (a torn file is never appended to).
 //!
@@ -261,6 +262,7 @@ fn load(
         segments: &segments,
     };
     let replayed = replay_wal(&*vfs, &sb, &mut writer, loader, bound)?;
+    let cut = replayed.cut;
     let wal = Wal::new(
         vfs.clone(),
         process_lock.clone(),
@@ -325,6 +327,7 @@ fn load(
     Ok(Loaded {
         shared,
         replayed: replayed.files,
+        cut,
         needs_heal,
     })
 }
@@ -334,6 +337,8 @@ struct Loaded {
     shared: Arc<Shared>,
     /// The log files read, to be fsynced before new commits build on them.
     replayed: Vec<Arc<dyn VFile>>,
+    /// Records replay dropped, to erase before anything new is logged.
+    cut: Option<Cut>,
     /// A superblock slot is invalid: rewrite it now.
     needs_heal: bool,
 }
@@ -344,8 +349,12 @@ fn settle(loaded: Loaded) -> Result<Arc<Shared>> {
     let Loaded {
         shared,
         replayed,
+        cut,
         needs_heal,
     } = loaded;
+    if let Some(cut) = cut {
+        cut.apply(&*shared.vfs)?;
+    }
     for file in replayed {
         file.sync()?;
     }
@@ -420,9 +429,22 @@ struct Replayed {
     bytes: u64,
     /// The log files read, to be fsynced before new commits build on them.
     files: Vec<Arc<dyn VFile>>,
+    /// Where the log ends short of its last valid record, for a writable open to
+    /// make permanent.
+    cut: Option<Cut>,
 }
 
 /// Replays WAL generations from the superblock's on, in order, into `w`.
+///
+/// A group commit syncs its records and the value extents they name at the same
+/// time (`wal::Wal::sync_to`), so after a crash a record may be durable while an
+/// extent it names is not. Such a record was never acknowledged: the group's
+/// committers return only once both syncs have. So the log ends before the first
+/// record that names an extent which does not read back whole (its checksum, its
+/// segment's length), as it ends before a torn record. Only records no later record
+/// says were synced need the check, those of the last group or two: a record's
+/// `synced_lsn` says every record up to it, extents included, was durable before it
+/// was written.
 fn replay_wal(
     vfs: &dyn Vfs,
     sb: &Superblock,
@@ -430,25 +452,92 @@ fn replay_wal(
     loader: crate::btree::Loader<'_>,
     bound: Option<Lsn>,
 ) -> Result<Replayed> {
+    let generations: Vec<wal::Generation> =
+        Generations::read(vfs, sb.wal_gen, w.last_lsn)?.collect::<Result<_>>()?;
+    let acknowledged = generations
+        .iter()
+        .map(|g| g.synced_through)
+        .chain(bound)
+        .fold(w.last_lsn, Lsn::max);
     let mut next_gen = sb.wal_gen;
     let mut bytes = 0;
     let mut files = Vec::new();
-    for generation in Generations::read(vfs, sb.wal_gen, w.last_lsn)? {
-        let generation = generation?;
+    let mut cut = None;
+    'generations: for (i, generation) in generations.iter().enumerate() {
+        next_gen = generation.gen + 1;
+        files.push(generation.file.clone());
         for logged in &generation.records {
             if bound.is_some_and(|b| logged.lsn > b) {
                 break;
             }
-            engine::apply_record(w, loader, &logged.record()?, logged.lsn)?;
+            let record = logged.record()?;
+            if logged.lsn > acknowledged && !extents_durable(loader.segments, &record)? {
+                bytes += logged.offset;
+                cut = Some(Cut {
+                    file: generation.file.clone(),
+                    from: logged.offset,
+                    to: generation.valid_bytes,
+                    later: generations[i + 1..].iter().map(|g| g.gen).collect(),
+                });
+                break 'generations;
+            }
+            engine::apply_record(w, loader, &record, logged.lsn)?;
             w.last_lsn = logged.lsn;
         }
         bytes += generation.valid_bytes;
-        next_gen = generation.gen + 1;
-        files.push(generation.file);
     }
     Ok(Replayed {
         next_gen,
         bytes,
         files,
+        cut,
     })
+}
+
+/// Whether every value extent `record` names reads back with its checksum. An
+/// extent that does not (a checksum mismatch, past its segment's end, in a
+/// segment that is not there) is `false`; an I/O error is an error.
+fn extents_durable(segments: &Segments, record: &wal::Record<'_>) -> Result<bool> {
+    let wal::Record::Batch(batch) = record else {
+        return Ok(true);
+    };
+    for op in batch.ops() {
+        if let wal::Op::PutExtent { extent, .. } = op? {
+            match segments.read(extent, "value extent") {
+                Ok(_) => {}
+                Err(Error::Corrupted { .. }) => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// The end of the log moved back to a record whose extents were not durable
+/// ([`replay_wal`]). The records from there on are still valid in their file, and
+/// later generations may follow: a writable open erases them before it logs
+/// anything, or a later recovery would read them again, past what this one
+/// replayed, or find the new records' LSNs repeating theirs.
+struct Cut {
+    file: Arc<dyn VFile>,
+    /// The first record dropped, and the end of the file's valid records.
+    from: u64,
+    to: u64,
+    /// Generations after the file's, whose records were all dropped.
+    later: Vec<u64>,
+}
+
+impl Cut {
+    fn apply(&self, vfs: &dyn Vfs) -> Result<()> {
+        let zeros = vec![0u8; usize::try_from(self.to - self.from).unwrap_or(0)];
+        self.file.write_all_at(&zeros, self.from)?;
+        self.file.sync()?;
+        for gen in &self.later {
+            vfs.remove(&wal::file_name(*gen))?;
+        }
+        if !self.later.is_empty() {
+            vfs.sync_dir()?;
+        }
+        Ok(())
+    }
 }

@@ -540,6 +540,84 @@ fn replayed_unsynced_wal_survives_power_loss() {
     );
 }
 
+/// A group commit syncs its records and the value extents they name at the same
+/// time; on the simulated file system the extents go second, so a power loss can
+/// keep a record whose extent it drops. The commit was not acknowledged (its sync
+/// failed): recovery must end the log before that record, not replay a value that
+/// does not read back, and must erase the dropped records, so that the commits
+/// logged after recovery (which reuse their LSNs) survive the next power loss.
+/// Every operation of one large-value commit is made to fail in turn, then the
+/// power is cut; the case the test is about is counted and must occur.
+#[test]
+fn a_record_whose_extent_was_lost_is_not_replayed() {
+    let big = vec![0xB1u8; 20_000];
+    let marker = b"extent-marker-key";
+    let probe = SimVfs::new();
+    let store = create_sim(&probe);
+    store.put(b"a", b"1").unwrap();
+    let before = probe.op_count();
+    store.put(marker, &big).unwrap();
+    let commit_ops = probe.op_count() - before;
+    drop(store);
+    let mut record_without_extent = 0;
+    for k in 0..commit_ops {
+        let label = format!("fault at op {k} of {commit_ops}");
+        let vfs = SimVfs::new();
+        let store = create_sim(&vfs);
+        store.put(b"a", b"1").unwrap();
+        vfs.set_fail_after(Some(k));
+        let acknowledged = store.put(marker, &big).is_ok();
+        let image = vfs.crash_drop_all();
+        drop(store);
+        let logged = image
+            .names()
+            .iter()
+            .filter(|n| n.starts_with("wal-"))
+            .any(|n| {
+                let bytes = image.read_file(n).unwrap();
+                bytes.windows(marker.len()).any(|w| w == marker)
+            });
+        let store = open_sim(&image).unwrap_or_else(|e| panic!("{label}: reopen: {e}"));
+        let got = store
+            .get(marker)
+            .unwrap_or_else(|e| panic!("{label}: get: {e}"));
+        match &got {
+            Some(v) => assert_eq!(v, &big, "{label}: wrong value"),
+            None => assert!(!acknowledged, "{label}: acknowledged value lost"),
+        }
+        if logged && got.is_none() {
+            record_without_extent += 1;
+        }
+        verify_clean(&store, &label).unwrap();
+        // Commits after recovery, then another power loss.
+        store.put(b"c", b"3").unwrap();
+        store.put(b"d", &big).unwrap();
+        let image = image.crash_drop_all();
+        drop(store);
+        let store = open_sim(&image).unwrap_or_else(|e| panic!("{label}: second reopen: {e}"));
+        assert_eq!(
+            store.get(b"c").unwrap().as_deref(),
+            Some(&b"3"[..]),
+            "{label}"
+        );
+        assert_eq!(
+            store.get(b"d").unwrap().as_deref(),
+            Some(&big[..]),
+            "{label}"
+        );
+        assert_eq!(
+            store.get(marker).unwrap(),
+            got,
+            "{label}: the dropped value came back"
+        );
+        verify_clean(&store, &label).unwrap();
+    }
+    assert!(
+        record_without_extent > 0,
+        "no fault point left a durable record without its extent ({commit_ops} tried)"
+    );
+}
+
 /// Power loss while several threads commit concurrently (group commit) and
 /// checkpoints run on the background thread (small thresholds): every commit
 /// acknowledged before the crash is present after recovery with its value, nothing

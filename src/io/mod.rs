@@ -14,6 +14,7 @@
 
 mod aligned;
 mod lock_file;
+mod overlap;
 mod reserve;
 pub mod sim;
 mod std_vfs;
@@ -23,6 +24,7 @@ pub(crate) use reserve::{Reserve, ReserveVfs};
 
 pub(crate) use aligned::{AlignedBuf, DIRECT_ALIGN};
 pub use lock_file::LOCK_FILE;
+pub(crate) use overlap::{Pending as PendingSync, SyncHelper};
 pub use std_vfs::{raise_open_file_limit, StdVfs};
 
 use std::io;
@@ -101,6 +103,13 @@ pub trait Vfs: Send + Sync {
     /// then every valid record counts.
     fn published_synced(&self) -> Option<u64> {
         None
+    }
+    /// Whether `VFile::sync`s of different files may run on several threads at once,
+    /// so that their waits overlap (a real file system). The default, no, keeps one
+    /// order of operations: the simulated file system's, which must replay the same
+    /// way from the same seed.
+    fn syncs_overlap(&self) -> bool {
+        false
     }
 }
 

@@ -232,6 +232,10 @@ impl Vfs for ReserveVfs {
     fn published_synced(&self) -> Option<u64> {
         self.inner.published_synced()
     }
+
+    fn syncs_overlap(&self) -> bool {
+        self.inner.syncs_overlap()
+    }
 }
 
 #[cfg(test)]

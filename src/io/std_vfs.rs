@@ -328,6 +328,9 @@ impl Vfs for StdVfs {
     fn published_synced(&self) -> Option<u64> {
         lock_file::published_synced(&self.dir)
     }
+    fn syncs_overlap(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

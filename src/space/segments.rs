@@ -32,7 +32,7 @@
 use crate::error::{Error, Result};
 use crate::format::FORMAT_VERSION;
 use crate::format::{crc, Addr, BlockRef, Decoder, SegmentId};
-use crate::io::{AlignedBuf, VFile, Vfs, DIRECT_ALIGN};
+use crate::io::{AlignedBuf, PendingSync, SyncHelper, VFile, Vfs, DIRECT_ALIGN};
 use crate::sync::lock;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -203,11 +203,11 @@ fn is_laid_out(run: &[u8], values: &[&[u8]]) -> bool {
 struct Unsynced {
     /// Segments written since their last sync.
     all: BTreeSet<SegmentId>,
-    /// Segments holding value extents written since the WAL last synced them: a WAL
-    /// record naming an extent must not become durable before the extent does. Kept
-    /// apart from `all` so that a commit fsyncs only what its records depend on, not
-    /// the nodes a background checkpoint is writing meanwhile. Only the WAL's
-    /// (serialised) group-commit sync clears it.
+    /// Segments holding value extents written since the WAL last synced them: a
+    /// commit is acknowledged only once the extents its records name are durable.
+    /// Kept apart from `all` so that a commit fsyncs only what its records depend
+    /// on, not the nodes a background checkpoint is writing meanwhile. Only the
+    /// WAL's (serialised) group-commit sync clears it.
     values: BTreeSet<SegmentId>,
 }
 
@@ -291,7 +291,32 @@ pub(crate) struct Segments {
     /// writes are open ([`Pin`]); counted up under the data appender's lock, in the
     /// allocation's critical section, so that no fence misses one.
     pins: Mutex<BTreeMap<SegmentId, u32>>,
+    /// Syncs value extents while the WAL syncs the records that name them.
+    sync_helper: SyncHelper,
     read_only: bool,
+}
+
+/// A sync of value extents in flight ([`Segments::start_sync_values`]).
+pub(crate) struct ValuesSync<'s> {
+    segments: &'s Segments,
+    pending: PendingSync<'s>,
+    ids: BTreeSet<SegmentId>,
+}
+
+impl ValuesSync<'_> {
+    /// Waits until the extents are durable. On an error the segments stay pending,
+    /// so the next sync tries them again.
+    pub(crate) fn finish(self) -> Result<()> {
+        let ValuesSync {
+            segments,
+            pending,
+            ids,
+        } = self;
+        pending.wait().map_err(|e| {
+            lock(&segments.unsynced).values.extend(ids);
+            e.into()
+        })
+    }
 }
 
 /// What a segment file's header says about the file (see the module docs).
@@ -365,6 +390,7 @@ impl Segments {
                 small: false,
             })
         };
+        let sync_helper = SyncHelper::new(&*vfs);
         Ok(Segments {
             vfs,
             files: RwLock::new(files),
@@ -381,6 +407,7 @@ impl Segments {
             zeros_ahead: AtomicBool::new(false),
             unsynced: Mutex::new(Unsynced::default()),
             pins: Mutex::new(BTreeMap::new()),
+            sync_helper,
             read_only,
         })
     }
@@ -981,14 +1008,30 @@ impl Segments {
             .cloned()
     }
 
-    /// Makes every value extent appended so far durable (the WAL calls this before it
-    /// syncs records that may name them). Callers are serialised by the WAL.
+    /// Makes every value extent appended so far durable. Callers are serialised by
+    /// the WAL.
     pub(crate) fn sync_values(&self) -> Result<()> {
+        self.start_sync_values().finish()
+    }
+
+    /// Starts making every value extent appended so far durable, on a helper thread
+    /// where the file system lets syncs overlap; [`ValuesSync::finish`] waits for it.
+    /// The WAL's group commit writes and syncs its records meanwhile, so a record may
+    /// be durable before the extents it names are: the group is acknowledged only
+    /// once both are, and recovery checks the extents of the records it cannot tell
+    /// were acknowledged (`recovery`'s replay). Callers are serialised by the WAL.
+    pub(crate) fn start_sync_values(&self) -> ValuesSync<'_> {
         let appended = self.since_sync.swap(0, Ordering::Relaxed);
         if appended > 0 {
             self.sync_gap.store(appended, Ordering::Relaxed);
         }
-        self.sync_set(|u| &mut u.values)
+        let ids = std::mem::take(&mut lock(&self.unsynced).values);
+        let files = ids.iter().filter_map(|id| self.file(*id)).collect();
+        ValuesSync {
+            segments: self,
+            pending: self.sync_helper.start(files),
+            ids,
+        }
     }
 
     /// Makes every append so far durable.

@@ -93,6 +93,8 @@ pub(crate) struct LoggedRecord {
     pub lsn: Lsn,
     pub kind: u8,
     pub payload: Vec<u8>,
+    /// Where the record starts in its generation's file.
+    pub offset: u64,
 }
 
 impl LoggedRecord {
@@ -117,6 +119,10 @@ pub(crate) struct Generation {
     pub records: Vec<LoggedRecord>,
     /// Bytes of valid records in the file.
     pub valid_bytes: u64,
+    /// The newest `synced_lsn` any valid record of the file carries (those before
+    /// the checkpoint included): every record up to it had been synced, and so had
+    /// the value extents they name, when a record of this file was appended.
+    pub synced_through: Lsn,
     /// Whether non-zero bytes followed the last valid record (a torn tail, or old
     /// records of a recycled file).
     pub torn_tail: bool,
@@ -155,7 +161,14 @@ impl<'v> Generations<'v> {
         })?;
         let mut records = Vec::with_capacity(log.records.len());
         let mut gap = None;
-        for (lsn, kind, payload) in log.records {
+        let synced_through = log
+            .records
+            .iter()
+            .map(|r| r.header.synced_lsn)
+            .max()
+            .unwrap_or(Lsn(0));
+        for read in log.records {
+            let lsn = read.header.lsn;
             if lsn <= self.last {
                 continue; // already in the checkpoint
             }
@@ -172,7 +185,12 @@ impl<'v> Generations<'v> {
                 ));
             }
             self.last = lsn;
-            records.push(LoggedRecord { lsn, kind, payload });
+            records.push(LoggedRecord {
+                lsn,
+                kind: read.header.kind,
+                payload: read.payload,
+                offset: read.offset,
+            });
         }
         if let Some(e) = gap {
             return Err(e);
@@ -182,6 +200,7 @@ impl<'v> Generations<'v> {
             file,
             records,
             valid_bytes: log.valid_bytes,
+            synced_through,
             torn_tail: log.torn_tail,
         })
     }

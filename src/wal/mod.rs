@@ -224,17 +224,23 @@ impl Wal {
         segments: &Segments,
         rotated: Vec<Rotated>,
     ) -> Result<()> {
-        // Only the value extents records may name; checkpoint writes in flight are the
-        // checkpoint's to sync.
-        segments.sync_values()?;
-        // Earlier generations first: no record of this one may be durable while one
-        // of theirs is not (replay reads them in order and stops at a gap).
-        self.write_rotated(rotated)?;
-        if !buf.is_empty() {
-            file.write_all_at(buf, at)?;
-        }
-        file.sync()?;
-        Ok(())
+        // Only the value extents records may name (checkpoint writes in flight are the
+        // checkpoint's to sync), overlapped with the records' own write and sync: the
+        // group is acknowledged once both are durable, and recovery drops a record
+        // whose extents did not make it (no record after it can say it was synced).
+        let values = segments.start_sync_values();
+        let records = (|| {
+            // Earlier generations first: no record of this one may be durable while
+            // one of theirs is not (replay reads them in order and stops at a gap).
+            self.write_rotated(rotated)?;
+            if !buf.is_empty() {
+                file.write_all_at(buf, at)?;
+            }
+            file.sync()?;
+            Ok(())
+        })();
+        let values = values.finish();
+        records.and(values)
     }
 
     /// Writes and fsyncs the unwritten tails of rotated generations, oldest first.

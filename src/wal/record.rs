@@ -119,11 +119,20 @@ fn header_layout_matches_format_md() {
     );
 }
 
+/// One valid record of a log file.
+#[derive(Debug)]
+pub(crate) struct ReadRecord {
+    pub header: RecordHeader,
+    /// Where the record starts in its file.
+    pub offset: u64,
+    pub payload: Vec<u8>,
+}
+
 /// What reading one log file found.
 #[derive(Debug)]
 pub(crate) struct LogRead {
-    /// Valid records in order: (lsn, kind, payload).
-    pub records: Vec<(Lsn, u8, Vec<u8>)>,
+    /// Valid records in order.
+    pub records: Vec<ReadRecord>,
     /// Bytes of valid records.
     pub valid_bytes: u64,
     /// Whether non-zero bytes followed the last valid record: a torn record, or old
@@ -152,7 +161,11 @@ pub(crate) fn read_log(file: &dyn VFile, gen: u64, next_lsn: Lsn) -> Result<LogR
         if expect.is_some_and(|e| e != header.lsn) {
             break;
         }
-        records.push((header.lsn, header.kind, payload.to_vec()));
+        records.push(ReadRecord {
+            header,
+            offset: pos as u64,
+            payload: payload.to_vec(),
+        });
         expect = Some(header.lsn.next());
         pos += RECORD_HEADER_SIZE + payload.len();
     }
