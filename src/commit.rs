@@ -72,6 +72,10 @@ impl Logged {
     pub(crate) fn publish(self, shared: &Shared, durability: Durability) -> Result<()> {
         if durability == Durability::Immediate {
             sync_to(shared, self.lsn)?;
+        } else {
+            // Bounds the log's buffer between syncs. A failure poisons the store and
+            // shows on the next write; this change is applied and visible either way.
+            let _ = shared.wal.write_out().inspect_err(|e| shared.poison(e));
         }
         shared.publish(self.view);
         if self.checkpoint_due {

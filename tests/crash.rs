@@ -618,6 +618,77 @@ fn a_record_whose_extent_was_lost_is_not_replayed() {
     );
 }
 
+/// Deferred commits with no sync between them: once their records pass 1 MiB the log
+/// writes them out (unsynced) instead of holding them all in memory, so some reach
+/// the file before the extents they name are synced. After a crash the store holds
+/// a prefix of the commits, in order, each whole, and verifies clean. A process kill
+/// (nothing unsynced lost) keeps the records written out, which shows they were.
+#[test]
+fn records_written_out_between_syncs_recover_as_a_prefix() {
+    const COMMITS: usize = 1600;
+    let value = |i: usize| -> Vec<u8> {
+        let len = if i.is_multiple_of(40) { 6000 } else { 900 };
+        (0..len).map(|j| (i * 31 + j) as u8).collect()
+    };
+    let key = |i: usize| format!("k{i:05}").into_bytes();
+    // The recovered commits: exactly keys 0..k, each with its value.
+    let prefix = |store: &Store, label: &str| -> usize {
+        let got = dump(&store.read().unwrap()).unwrap();
+        let k = got.keys().filter(|k| k.starts_with(b"k")).count();
+        assert_eq!(
+            got.get(&b"base"[..]).map(Vec::as_slice),
+            Some(&b"1"[..]),
+            "{label}"
+        );
+        for i in 0..k {
+            assert_eq!(
+                got.get(&key(i)),
+                Some(&value(i)),
+                "{label}: commit {i} of {k}"
+            );
+        }
+        k
+    };
+    for seed in 0..12u64 {
+        let label = format!("seed {seed}");
+        let vfs = SimVfs::new();
+        let store = create_sim(&vfs);
+        store.put(b"base", b"1").unwrap();
+        for i in 0..COMMITS {
+            let mut txn = store.begin_write().unwrap();
+            txn.set_durability(Durability::Deferred);
+            txn.put(&key(i), &value(i)).unwrap();
+            txn.commit().unwrap();
+        }
+        let image = if seed == 0 {
+            vfs.crash_keep_all()
+        } else {
+            vfs.crash(seed)
+        };
+        drop(store);
+        let store = open_sim(&image).unwrap_or_else(|e| panic!("{label}: reopen: {e}"));
+        let k = prefix(&store, &label);
+        if seed == 0 {
+            assert!(
+                k >= COMMITS / 2,
+                "{label}: only {k} commits were written out"
+            );
+        }
+        verify_clean(&store, &label).unwrap();
+        store.put(b"after", b"2").unwrap();
+        let image = image.crash_drop_all();
+        drop(store);
+        let store = open_sim(&image).unwrap_or_else(|e| panic!("{label}: second reopen: {e}"));
+        assert_eq!(
+            store.get(b"after").unwrap().as_deref(),
+            Some(&b"2"[..]),
+            "{label}"
+        );
+        prefix(&store, &label);
+        verify_clean(&store, &label).unwrap();
+    }
+}
+
 /// Power loss while several threads commit concurrently (group commit) and
 /// checkpoints run on the background thread (small thresholds): every commit
 /// acknowledged before the crash is present after recovery with its value, nothing
