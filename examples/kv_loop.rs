@@ -8,6 +8,7 @@
 //! MODE=range LEN=10 cargo run --release --example kv_loop  # N/2 range scans of LEN
 //! MODE=batch ROUNDS=100 [CP_EACH=1] [WARM=1] ...   # transactions of 1,000 random inserts, then a checkpoint
 //! MODE=remove [WARM=1] [COUNT=N/2] DIR=copy ...  # deletes in one transaction (destroys the store)
+//! MODE=scan PASSES=30 ...                        # full scans with the borrowing iterator
 //! ```
 //!
 //! `N` (default 1,000,000) and `CACHE_MIB` (the node cache, default 64: a quarter of
@@ -161,6 +162,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             all.elapsed().as_secs_f64() * 1e3,
             commits.as_secs_f64() * 1e3
         );
+        return Ok(());
+    }
+    if mode == "scan" {
+        let passes: usize = std::env::var("PASSES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(30);
+        let mut times = Vec::with_capacity(passes);
+        for pass in 0..passes {
+            let t = Instant::now();
+            let mut it = s.read()?.iter()?;
+            let mut sum = 0;
+            while let Some(kv) = it.next_ref() {
+                let (k, v) = kv?;
+                sum += k.len() + v.len();
+            }
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+            eprintln!("scan pass {pass}: {:.2} ms ({sum})", times[pass]);
+        }
+        times.sort_by(f64::total_cmp);
+        eprintln!("scan median {:.2} ms", times[passes / 2]);
         return Ok(());
     }
     for pass in 0..3 {

@@ -307,13 +307,61 @@ fn ask_ahead(
     if done > window / 2 {
         return at_end;
     }
-    let steps = (done.max(1)..=window).filter_map(|d| match forward {
-        true => Some(pos + d).filter(|&i| i < parent.len()),
-        false => pos.checked_sub(d),
-    });
-    // Nothing left to ask for in this direction: the record stays as it is.
+    let steps = children_ahead(parent.len(), pos, forward, done.max(1), window);
     if let Some(last) = loader.ask_for_children(parent, steps) {
         *asked = (id, if forward { last + 1 } else { last });
     }
     at_end
+}
+
+/// The indices of the children `first` to `window` steps from `pos` in the direction
+/// of travel, among `len`. Bounded by the branch's ends up front: near the end (the
+/// last half-window of every branch) there are none, and a scan comes here at every
+/// leaf, so the range must be empty then, not walked and filtered (that walk was 5%
+/// of an in-memory full scan).
+fn children_ahead(
+    len: usize,
+    pos: usize,
+    forward: bool,
+    first: usize,
+    window: usize,
+) -> impl Iterator<Item = usize> {
+    let last = match forward {
+        true => window.min(len.saturating_sub(pos + 1)),
+        false => window.min(pos),
+    };
+    (first..=last).map(move |d| if forward { pos + d } else { pos - d })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::children_ahead;
+
+    /// The children asked for are exactly those `first..=window` steps away that
+    /// exist, in the direction of travel, in order.
+    #[test]
+    fn children_ahead_stay_inside_the_branch() {
+        for len in 0..24usize {
+            for pos in 0..len {
+                for window in [2, 8, 16] {
+                    for first in 1..=window + 1 {
+                        for forward in [true, false] {
+                            let want: Vec<usize> = (first..=window)
+                                .filter_map(|d| match forward {
+                                    true => Some(pos + d).filter(|&i| i < len),
+                                    false => pos.checked_sub(d),
+                                })
+                                .collect();
+                            let got: Vec<usize> =
+                                children_ahead(len, pos, forward, first, window).collect();
+                            assert_eq!(
+                                got, want,
+                                "len {len} pos {pos} {forward} {first}..={window}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
