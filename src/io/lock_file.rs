@@ -90,12 +90,15 @@ pub(crate) fn read_record(dir: &Path) -> Option<(u32, u64)> {
 struct WriterLock {
     _dir: File,
     lock_file: File,
+    /// This process's id, taken once: publishing follows every group commit, and
+    /// `std::process::id` is a system call each time.
+    pid: u32,
 }
 
 impl StoreLock for WriterLock {
     fn publish_synced(&self, lsn: u64) -> io::Result<()> {
         self.lock_file
-            .write_all_at(&encode(std::process::id(), lsn), 0)
+            .write_all_at(&encode(self.pid, lsn), 0)
             .map_err(|e| file_error("write", LOCK_FILE, e))
     }
 }
@@ -145,6 +148,7 @@ pub(crate) fn lock(dir: &Path, kind: LockKind) -> io::Result<Box<dyn StoreLock>>
             let lock = WriterLock {
                 _dir: dir_file,
                 lock_file,
+                pid: std::process::id(),
             };
             lock.publish_synced(UNPUBLISHED)?;
             Ok(Box::new(lock))
