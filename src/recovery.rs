@@ -164,8 +164,20 @@ pub(crate) fn open(
     if opts.read_only {
         return open_reader(vfs, dir, label, opts);
     }
+    // What the last writer published as durable, read before taking the lock
+    // resets it: every record up to it was acknowledged, with its extents durable,
+    // so replay checks none of them (a damaged extent there is corruption, reported
+    // when read, not a reason to end the log).
+    let published = vfs.published_synced().map(Lsn);
     let lock: Arc<dyn StoreLock> = take_writer_lock(&*vfs, opts.lock_wait)?.into();
-    settle(load(vfs, dir, label, opts, lock, None)?)
+    settle(load(
+        vfs,
+        dir,
+        label,
+        opts,
+        lock,
+        Replay::Writer { published },
+    )?)
 }
 
 /// A read-only open, beside a writer in another process or not. It opens every
@@ -184,7 +196,7 @@ fn open_reader(vfs: Arc<dyn Vfs>, dir: &Path, label: String, opts: Options) -> R
             label.clone(),
             opts.clone(),
             lock.clone(),
-            bound,
+            Replay::Reader { bound },
         )
     })?;
     loaded.map(|l| l.shared)
@@ -222,7 +234,7 @@ fn load(
     label: String,
     opts: Options,
     process_lock: Arc<dyn StoreLock>,
-    bound: Option<Lsn>,
+    replay: Replay,
 ) -> Result<Loaded> {
     let sb_file = SuperblockFile::read(&*vfs, &label)?;
     let segments = Segments::open(vfs.clone(), opts.read_only)?;
@@ -261,7 +273,7 @@ fn load(
         cache: &cache,
         segments: &segments,
     };
-    let replayed = replay_wal(&*vfs, &sb, &mut writer, loader, bound)?;
+    let replayed = replay_wal(&*vfs, &sb, &mut writer, loader, replay)?;
     let cut = replayed.cut;
     let wal = Wal::new(
         vfs.clone(),
@@ -424,6 +436,16 @@ fn fallback_run_segments(segments: &Segments, fallback: &Chain) -> Vec<SegmentId
         .unwrap_or_default()
 }
 
+/// Who replays the log, and what is known acknowledged.
+#[derive(Clone, Copy)]
+enum Replay {
+    /// A writable open; `published` is what the last writer published as durable.
+    Writer { published: Option<Lsn> },
+    /// A read-only open: replays up to `bound`, the writer's published LSN (every
+    /// valid record when none is published).
+    Reader { bound: Option<Lsn> },
+}
+
 struct Replayed {
     next_gen: u64,
     bytes: u64,
@@ -450,14 +472,18 @@ fn replay_wal(
     sb: &Superblock,
     w: &mut WriterState,
     loader: crate::btree::Loader<'_>,
-    bound: Option<Lsn>,
+    replay: Replay,
 ) -> Result<Replayed> {
     let generations: Vec<wal::Generation> =
         Generations::read(vfs, sb.wal_gen, w.last_lsn)?.collect::<Result<_>>()?;
+    let (bound, published) = match replay {
+        Replay::Writer { published } => (None, published),
+        Replay::Reader { bound } => (bound, bound),
+    };
     let acknowledged = generations
         .iter()
         .map(|g| g.synced_through)
-        .chain(bound)
+        .chain(published)
         .fold(w.last_lsn, Lsn::max);
     let mut next_gen = sb.wal_gen;
     let mut bytes = 0;
@@ -495,14 +521,25 @@ fn replay_wal(
 }
 
 /// Whether every value extent `record` names reads back with its checksum. An
-/// extent that does not (a checksum mismatch, past its segment's end, in a
-/// segment that is not there) is `false`; an I/O error is an error.
+/// extent that does not (a checksum mismatch, past its segment's end) is `false`.
+/// An extent in a segment that is not there, or is a stray, is corruption: a data
+/// segment's file and header are durable before anything is appended to it. An I/O
+/// error is an error.
 fn extents_durable(segments: &Segments, record: &wal::Record<'_>) -> Result<bool> {
     let wal::Record::Batch(batch) = record else {
         return Ok(true);
     };
     for op in batch.ops() {
         if let wal::Op::PutExtent { extent, .. } = op? {
+            if !segments.contains(extent.addr.segment()) {
+                return Err(Error::corrupted(
+                    "wal",
+                    format!(
+                        "a record names an extent in segment {}, which is missing or not a segment of this store",
+                        extent.addr.segment().file_name()
+                    ),
+                ));
+            }
             match segments.read(extent, "value extent") {
                 Ok(_) => {}
                 Err(Error::Corrupted { .. }) => return Ok(false),
@@ -528,16 +565,24 @@ struct Cut {
 }
 
 impl Cut {
+    /// Later generations go first: cut short between the two steps, the next open
+    /// finds the same record to cut, where zeroes first would leave the file ending
+    /// before later generations' records (a gap, which reads as corruption).
     fn apply(&self, vfs: &dyn Vfs) -> Result<()> {
-        let zeros = vec![0u8; usize::try_from(self.to - self.from).unwrap_or(0)];
-        self.file.write_all_at(&zeros, self.from)?;
-        self.file.sync()?;
         for gen in &self.later {
             vfs.remove(&wal::file_name(*gen))?;
         }
         if !self.later.is_empty() {
             vfs.sync_dir()?;
         }
+        let zeros = vec![0u8; 1 << 20];
+        let mut at = self.from;
+        while at < self.to {
+            let n = (self.to - at).min(zeros.len() as u64);
+            self.file.write_all_at(&zeros[..n as usize], at)?;
+            at += n;
+        }
+        self.file.sync()?;
         Ok(())
     }
 }

@@ -1000,6 +1000,12 @@ impl Segments {
         }
     }
 
+    /// Whether segment `id` is one of this store's (found at open or made since;
+    /// not a stray).
+    pub(crate) fn contains(&self, id: SegmentId) -> bool {
+        self.file(id).is_some()
+    }
+
     fn file(&self, id: SegmentId) -> Option<Arc<dyn VFile>> {
         self.files
             .read()

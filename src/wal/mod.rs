@@ -60,6 +60,10 @@ struct State {
     file_end: u64,
     /// Records appended but not yet written.
     buf: Vec<u8>,
+    /// Records of this generation were written out ([`Wal::write_out`]) and not
+    /// synced since: a rotation must leave a tail even with `buf` empty, so that
+    /// they are synced before any record of the next generation.
+    written_unsynced: bool,
     /// The LSN of the last record in `buf` (or written).
     last_lsn: Lsn,
     synced_lsn: Lsn,
@@ -107,6 +111,7 @@ impl Wal {
             file: None,
             file_end: 0,
             buf: Vec::new(),
+            written_unsynced: false,
             last_lsn,
             synced_lsn: last_lsn,
             sync_in_flight: false,
@@ -213,7 +218,14 @@ impl Wal {
             // Published before any committer waiting on this sync returns: a reader in
             // another process then sees every acknowledged commit, and no other.
             match result.and_then(|()| Ok(self.publisher.publish_synced(target.0)?)) {
-                Ok(()) => st.synced_lsn = st.synced_lsn.max(target),
+                Ok(()) => {
+                    st.synced_lsn = st.synced_lsn.max(target);
+                    // Its file is synced, written-out records included, unless a
+                    // rotation came meanwhile (the tail it left syncs them).
+                    if st.gen == gen {
+                        st.written_unsynced = false;
+                    }
+                }
                 Err(e) => st.failed = Some(e.to_string()),
             }
             self.synced.notify_all();
@@ -270,6 +282,7 @@ impl Wal {
             return Ok(());
         }
         st.sync_in_flight = true;
+        st.written_unsynced = true;
         let buf = std::mem::take(&mut st.buf);
         let gen = st.gen;
         let file = st.file.clone();
@@ -413,7 +426,8 @@ impl Wal {
             return Err(Error::Poisoned(why.clone()));
         }
         let file = st.file.take();
-        if !st.buf.is_empty() {
+        if !st.buf.is_empty() || st.written_unsynced {
+            st.written_unsynced = false;
             let rotated = Rotated {
                 gen: st.gen,
                 file,

@@ -133,3 +133,42 @@ fn a_rotation_while_the_leader_creates_the_file_keeps_every_record() {
 fn a_rotation_while_the_leader_renames_the_spare_keeps_every_record() {
     rotate_while_the_leader_makes_the_file(true);
 }
+
+/// Records written out (unsynced) just before a checkpoint's freeze rotates the log
+/// must still be synced before any record of the next generation is: otherwise an
+/// acknowledged commit of the next generation sits after a gap once the power goes.
+#[test]
+fn records_written_out_before_a_rotation_are_synced_with_the_next_group() {
+    let sim = SimVfs::new();
+    let vfs: Arc<dyn Vfs> = Arc::new(sim.clone());
+    let publisher: Arc<dyn StoreLock> = Arc::from(vfs.lock(LockKind::Writer).expect("lock"));
+    let segments = Segments::open(vfs.clone(), false).expect("segments");
+    let wal = Wal::new(vfs.clone(), publisher, 1, Lsn(0), 0);
+    // Generation 1's file exists (a first group commit made it).
+    marker(&wal, 1);
+    wal.sync_to(Lsn(1), &segments).expect("sync record 1");
+    // Deferred commits past the write-out threshold, written out, not synced.
+    let mut lsn = 1;
+    while wal.lock().buf.len() < WRITE_OUT_BYTES {
+        lsn += 1;
+        wal.append(Lsn(lsn), &Record::Relocation { blocks: u64::MAX })
+            .expect("append");
+    }
+    wal.write_out().expect("write out");
+    assert!(wal.lock().buf.is_empty(), "the buffer was written out");
+    assert_eq!(wal.rotate().expect("rotate"), 1);
+    lsn += 1;
+    marker(&wal, lsn);
+    wal.sync_to(Lsn(lsn), &segments)
+        .expect("an acknowledged commit");
+    let after = sim.crash_drop_all();
+    let gens = logged(&after);
+    assert_eq!(
+        gens.len(),
+        2,
+        "{:?}",
+        gens.iter().map(|g| g.0).collect::<Vec<_>>()
+    );
+    assert_eq!(gens[0].1.len() as u64, lsn - 1, "generation 1 whole");
+    assert_eq!(gens[1].1, vec![lsn]);
+}
