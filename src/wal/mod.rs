@@ -79,6 +79,33 @@ struct State {
     rotated: Vec<Rotated>,
 }
 
+/// Buffered records taken for writing by the one writer in flight (a sync leader
+/// or a write-out), with their place in the generation's file, reserved.
+struct Outgoing {
+    gen: u64,
+    file: Option<Arc<dyn VFile>>,
+    at: u64,
+    buf: Vec<u8>,
+}
+
+impl Outgoing {
+    fn take(st: &mut State) -> Outgoing {
+        let buf = std::mem::take(&mut st.buf);
+        let file = st.file.clone();
+        if file.is_none() {
+            st.file_end = 0;
+        }
+        let at = st.file_end;
+        st.file_end += buf.len() as u64;
+        Outgoing {
+            gen: st.gen,
+            file,
+            at,
+            buf,
+        }
+    }
+}
+
 /// The unwritten tail of a rotated generation.
 struct Rotated {
     gen: u64,
@@ -194,25 +221,17 @@ impl Wal {
             }
             st.sync_in_flight = true;
             let target = st.last_lsn;
-            let buf = std::mem::take(&mut st.buf);
             let rotated = std::mem::take(&mut st.rotated);
-            let gen = st.gen;
-            let file = st.file.clone();
-            if file.is_none() {
-                st.file_end = 0;
-            }
-            let at = st.file_end;
-            st.file_end += buf.len() as u64;
+            let out = Outgoing::take(&mut st);
+            let gen = out.gen;
             // The leader does its I/O without the lock, so others keep appending
             // (their records form the next group). That includes making the
             // generation's file at its first write (a rename and a directory sync, or
             // 4 MiB of zeros): every committer would otherwise wait for it.
             drop(st);
-            let result = match file {
-                Some(file) => Ok(file),
-                None => self.open_new(gen).inspect(|file| self.attach(gen, file)),
-            }
-            .and_then(|file| self.write_and_sync(&*file, at, &buf, segments, rotated));
+            let result = self
+                .file_of(&out)
+                .and_then(|file| self.write_and_sync(&*file, out.at, &out.buf, segments, rotated));
             st = self.lock();
             st.sync_in_flight = false;
             // Published before any committer waiting on this sync returns: a reader in
@@ -283,20 +302,11 @@ impl Wal {
         }
         st.sync_in_flight = true;
         st.written_unsynced = true;
-        let buf = std::mem::take(&mut st.buf);
-        let gen = st.gen;
-        let file = st.file.clone();
-        if file.is_none() {
-            st.file_end = 0;
-        }
-        let at = st.file_end;
-        st.file_end += buf.len() as u64;
+        let out = Outgoing::take(&mut st);
         drop(st);
-        let result = match file {
-            Some(file) => Ok(file),
-            None => self.open_new(gen).inspect(|file| self.attach(gen, file)),
-        }
-        .and_then(|file| Ok(file.write_all_at(&buf, at)?));
+        let result = self
+            .file_of(&out)
+            .and_then(|file| Ok(file.write_all_at(&out.buf, out.at)?));
         let mut st = self.lock();
         st.sync_in_flight = false;
         if let Err(e) = &result {
@@ -370,6 +380,17 @@ impl Wal {
             st.file.get_or_insert_with(|| Arc::clone(file));
         } else if let Some(tail) = st.rotated.iter_mut().find(|r| r.gen == gen) {
             tail.file.get_or_insert_with(|| Arc::clone(file));
+        }
+    }
+
+    /// The file `out` goes to: the generation's, made now (off the lock) if no
+    /// write has made it yet, and handed to whoever writes the generation next.
+    fn file_of(&self, out: &Outgoing) -> Result<Arc<dyn VFile>> {
+        match &out.file {
+            Some(file) => Ok(Arc::clone(file)),
+            None => self
+                .open_new(out.gen)
+                .inspect(|file| self.attach(out.gen, file)),
         }
     }
 
