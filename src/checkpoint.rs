@@ -30,12 +30,13 @@
 
 use crate::backref::WriteStore;
 use crate::btree::node::{Child, Node};
+use crate::btree::refcount::ChangeLog;
 use crate::btree::walk::{walk, At, Visitor};
 use crate::btree::{end_backrefs, node_children};
 use crate::catalog::Catalog;
 use crate::engine::{Durable, LendingGuard, PendingDelete, Shared, WriterState};
 use crate::error::Result;
-use crate::format::{crc, len_u32, Addr, AddrMap, BlockRef, Lsn, SegmentId};
+use crate::format::{crc, len_u32, Addr, BlockRef, Lsn, SegmentId};
 use crate::meta::{self, Chain, MetaDelta, PendingSegment};
 use crate::space::{AppendFence, SpaceDelta};
 use crate::superblock::{Superblock, SuperblockFile};
@@ -55,7 +56,7 @@ struct Frozen {
     catalog: Catalog,
     /// Reference counts of written blocks changed since the previous freeze, with
     /// their counts as of this one (1: the entry is gone). Never the whole table.
-    ref_changes: AddrMap<Addr, u32>,
+    ref_changes: ChangeLog,
     /// Counts of in-memory nodes (all of the frozen epoch), recorded by address once
     /// they are written.
     unmerged: Vec<(Arc<Node>, u32)>,
@@ -257,8 +258,9 @@ fn plan_meta(
     written: &SpaceDelta,
     generation: u64,
 ) -> Result<MetaPlan> {
+    // In order: an address changed twice keeps its last count.
     let mut ref_changes: BTreeMap<Addr, u32> = std::mem::take(&mut frozen.ref_changes)
-        .into_iter()
+        .into_iter_ordered()
         .collect();
     let mut recorded_from_mem = Vec::new();
     for (node, count) in &frozen.unmerged {

@@ -41,7 +41,7 @@
 use crate::backref::{WriteStore, MAX_RUNS};
 use crate::btree::end_backrefs;
 use crate::btree::node::{Body, Child, Node, ValueRef, NODE_MAGIC};
-use crate::btree::refcount::{RcDelta, Target};
+use crate::btree::refcount::{CountTable, RcDelta, Target};
 use crate::btree::walk::{walk, At, ReadAhead, Visitor};
 use crate::checkpoint;
 use crate::engine::{drop_step, LendingGuard, Shared, WriterState};
@@ -862,7 +862,7 @@ fn plan_moves(
         .map(|(a, _)| *a)
         .chain(mover.extents.keys().copied());
     for addr in moved_blocks {
-        let parents = mover.table.get(&addr).copied().unwrap_or(1);
+        let parents = mover.table.get(addr);
         let rewired = mover.rewired.get(&addr).copied().unwrap_or(0);
         if parents != rewired {
             return Err(Error::corrupted(
@@ -907,7 +907,7 @@ struct Mover<'a> {
     stack: Vec<bool>,
     delta: SpaceDelta,
     rc: RcDelta,
-    table: &'a AddrMap<Addr, u32>,
+    table: &'a CountTable,
     moved: Moved,
     dirtied: u64,
     /// Back references of the originals, ended (the copies' begin when written).
@@ -916,7 +916,7 @@ struct Mover<'a> {
 
 impl Mover<'_> {
     fn count(&self, addr: Addr) -> i64 {
-        i64::from(self.table.get(&addr).copied().unwrap_or(1))
+        i64::from(self.table.get(addr))
     }
 
     fn mark_parent(&mut self) {
