@@ -273,7 +273,7 @@ pub(crate) fn list(shared: &Shared) -> Result<Vec<VersionInfo>> {
         let mut w = shared.lock_writer();
         (
             w.catalog.clone(),
-            w.refs.clone(),
+            w.refs.counts(),
             std::mem::take(&mut w.unshared),
             std::mem::take(&mut w.unshared_overflowed),
         )

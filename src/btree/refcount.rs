@@ -41,7 +41,7 @@ fn node_id(n: &Arc<Node>) -> NodeId {
 }
 
 /// The writer's reference counts above one.
-#[derive(Default, Clone)]
+#[derive(Default)]
 pub(crate) struct RefCounts {
     /// Written blocks (nodes and extents) with a count above one, by address.
     pub table: CountTable,
@@ -78,6 +78,17 @@ impl RefCounts {
             table: counts,
             mem: AddrMap::default(),
             merged_through: 0,
+            changed: ChangeLog::default(),
+        }
+    }
+
+    /// A copy of the counts, without the record of changes a checkpoint takes (for
+    /// readers of the counts outside the writer lock: the copy is made under it).
+    pub(crate) fn counts(&self) -> RefCounts {
+        RefCounts {
+            table: self.table.clone(),
+            mem: self.mem.clone(),
+            merged_through: self.merged_through,
             changed: ChangeLog::default(),
         }
     }
@@ -283,7 +294,7 @@ const CHANGE_CHUNK: usize = 1 << 16;
 /// growing past ~360k entries. The price: an address changed twice is recorded
 /// twice, until the next freeze (16 bytes a change; a checkpoint is due long before
 /// this outweighs the dirty nodes the changes come with).
-#[derive(Default, Clone)]
+#[derive(Default)]
 pub(crate) struct ChangeLog {
     chunks: Vec<Vec<(Addr, u32)>>,
 }
