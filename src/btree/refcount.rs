@@ -29,7 +29,6 @@
 use crate::btree::node::{Child, ChildRef, Node};
 use crate::format::AddrMap;
 use crate::format::{Addr, BlockRef};
-use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
 /// Identity of an in-memory node (its address in memory; the map holds an `Arc`
@@ -249,31 +248,28 @@ impl CountTable {
     /// which its owner records elsewhere).
     pub(crate) fn add(&mut self, addr: Addr, d: i64) -> u32 {
         let shard = &mut self.shards[Self::shard(addr)];
-        let entry = shard.entry(addr);
-        let now = i64::from(match &entry {
-            Entry::Occupied(e) => *e.get(),
-            Entry::Vacant(_) => 1,
-        }) + d;
+        let had = shard.get(&addr).copied();
+        let now = i64::from(had.unwrap_or(1)) + d;
         // Below zero, a block would be freed while something still points at it: the
         // counts no longer describe the trees. Stop here (the writer lock's poisoning
         // then makes the store refuse writes) rather than go on to free live data.
         assert!(now >= 0, "reference count of {addr:?} below zero ({now})");
-        match (u32::try_from(now), entry) {
-            (Ok(n), Entry::Occupied(mut e)) if n > 1 => {
-                e.insert(n);
+        match u32::try_from(now) {
+            Ok(n) if n > 1 => {
+                // (Only an insert may grow the map: a count falling to one, or
+                // to zero from no entry, never does.)
+                if shard.insert(addr, n).is_none() {
+                    self.len += 1;
+                }
                 n
             }
-            (Ok(n), Entry::Vacant(e)) if n > 1 => {
-                e.insert(n);
-                self.len += 1;
-                n
-            }
-            (_, Entry::Occupied(e)) => {
-                e.remove();
-                self.len -= 1;
+            _ => {
+                if had.is_some() {
+                    shard.remove(&addr);
+                    self.len -= 1;
+                }
                 1
             }
-            (_, Entry::Vacant(_)) => 1,
         }
     }
 
@@ -292,8 +288,10 @@ const CHANGE_CHUNK: usize = 1 << 16;
 /// its few hundred extents, and the map of changed addresses this replaces, emptied
 /// at every freeze and grown again under the writer lock, once held it for 43 ms
 /// growing past ~360k entries. The price: an address changed twice is recorded
-/// twice, until the next freeze (16 bytes a change; a checkpoint is due long before
-/// this outweighs the dirty nodes the changes come with).
+/// twice, until the next freeze. 16 bytes a change: a leaf copied after a snapshot
+/// (8 KiB dirty) logs up to ~4.8 KiB, so the log stays below the dirty nodes that
+/// trigger the next checkpoint; the walk of a dropped version (`drop_step`) logs
+/// without dirtying anything, as the map did at twice the bytes an entry.
 #[derive(Default)]
 pub(crate) struct ChangeLog {
     chunks: Vec<Vec<(Addr, u32)>>,
@@ -304,7 +302,13 @@ impl ChangeLog {
         match self.chunks.last_mut() {
             Some(chunk) if chunk.len() < CHANGE_CHUNK => chunk.push((addr, count)),
             _ => {
-                let mut chunk = Vec::with_capacity(CHANGE_CHUNK);
+                // The first chunk of an interval grows as it fills (a small store's
+                // interval changes a few counts); later ones are made whole.
+                let mut chunk = if self.chunks.is_empty() {
+                    Vec::new()
+                } else {
+                    Vec::with_capacity(CHANGE_CHUNK)
+                };
                 chunk.push((addr, count));
                 self.chunks.push(chunk);
             }
