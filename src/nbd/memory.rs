@@ -28,6 +28,9 @@ struct State {
     data: Vec<u8>,
     /// One flag per BLOCK; invariant: an unallocated block reads as zeroes.
     allocated: Vec<bool>,
+    /// The largest single write since the last [`MemDisk::take_largest_write`]: how
+    /// the server grouped what clients sent (tests).
+    largest_write: usize,
 }
 
 impl MemExports {
@@ -77,12 +80,18 @@ impl MemDisk {
             state: Mutex::new(State {
                 data: vec![0; size as usize],
                 allocated: vec![false; blocks],
+                largest_write: 0,
             }),
         }
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The largest single write the export took since the last call (0: none).
+    pub fn take_largest_write(&self) -> usize {
+        std::mem::take(&mut self.state().largest_write)
     }
 
     /// A copy of the whole contents (for tests).
@@ -162,6 +171,7 @@ impl Export for MemHandle {
         let len = data.len() as u64;
         let dst = st.data.get_mut(span(offset, len)).ok_or_else(bad_range)?;
         dst.copy_from_slice(data);
+        st.largest_write = st.largest_write.max(data.len());
         if let Some(a) = st.allocated.get_mut(blocks(offset, len).0) {
             a.fill(true);
         }

@@ -548,6 +548,80 @@ fn tcp_listen_serves_and_shuts_down() {
     t.join().unwrap().unwrap();
 }
 
+/// Large writes that continue each other, their headers already in, land as one
+/// write (one transaction in the engine), each still answered once; a header read
+/// while looking for them that does not continue the run (a write elsewhere, a
+/// read) is served next, in order; a FUA on one covers the landing.
+#[test]
+fn sequential_large_writes_join_one_landing() {
+    const BIG: usize = 256 << 10;
+    let srv = server();
+    let disk = srv.exports.get("disk1").unwrap();
+    let req = |cookie: u64, command: u16, offset: usize, len: usize, flags: u16| Request {
+        flags,
+        command,
+        cookie,
+        offset: offset as u64,
+        len: len as u32,
+    };
+    let mut joined = 0;
+    for attempt in 0..20u8 {
+        let mut c = srv.client("disk1", true, false);
+        let v = |n: u8| vec![n.wrapping_add(attempt); BIG];
+        let mut stream = Vec::new();
+        let mut add = |r: Request, payload: &[u8]| {
+            stream.extend_from_slice(&r.encode());
+            stream.extend_from_slice(payload);
+        };
+        add(req(1, proto::CMD_WRITE, 0, BIG, 0), &v(1));
+        add(
+            req(2, proto::CMD_WRITE, BIG, BIG, proto::CMD_FLAG_FUA),
+            &v(2),
+        );
+        add(req(3, proto::CMD_WRITE, 2 * BIG, BIG, 0), &v(3));
+        // Not a continuation: overlaps the run.
+        add(req(4, proto::CMD_WRITE, BIG / 2, BIG, 0), &v(4));
+        add(req(5, proto::CMD_READ, 0, 4 * BIG, 0), &[]);
+        add(req(6, proto::CMD_WRITE, 3 * BIG, BIG, 0), &v(6));
+        // Written by another thread while this one reads the answers, as a client
+        // with requests in flight does.
+        let mut w = c.s.try_clone().unwrap();
+        let sender = std::thread::spawn(move || w.write_all(&stream));
+        let mut replies = std::collections::BTreeMap::new();
+        for _ in 0..6 {
+            let r = c.recv(0).unwrap();
+            assert_eq!(r.error, 0, "request {} failed", r.cookie);
+            assert!(
+                replies.insert(r.cookie, r).is_none(),
+                "one reply per request"
+            );
+        }
+        sender.join().unwrap().unwrap();
+        let mut want = vec![0u8; 4 * BIG];
+        want[..BIG].copy_from_slice(&v(1));
+        want[BIG..2 * BIG].copy_from_slice(&v(2));
+        want[2 * BIG..3 * BIG].copy_from_slice(&v(3));
+        want[BIG / 2..BIG / 2 + BIG].copy_from_slice(&v(4));
+        if attempt > 0 {
+            // The last attempt's final write is still there until this one's.
+            want[3 * BIG..].copy_from_slice(&vec![5u8.wrapping_add(attempt); BIG]);
+        }
+        assert!(
+            replies[&5].data == want,
+            "the read sees the writes before it"
+        );
+        want[3 * BIG..].copy_from_slice(&v(6));
+        assert!(disk.contents() == want);
+        if disk.take_largest_write() > BIG {
+            joined += 1;
+            if joined == 2 {
+                return;
+            }
+        }
+    }
+    panic!("pipelined sequential large writes never joined a landing ({joined} of 20)");
+}
+
 /// Large writes land on the connection's second thread while it reads on: pipelined
 /// with small writes, a read, a refused one and a flush, each is answered once, in
 /// an order that applies them as sent (overlapping ones included); a read-only

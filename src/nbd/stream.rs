@@ -119,8 +119,8 @@ impl Stream {
         if !self.poll_window.is_zero() {
             if let Some(_slot) = PollSlot::take() {
                 // O_NONBLOCK is on the open file, shared with the handle replies are
-                // written through; nothing writes to this connection while its one
-                // thread is here, and it is cleared before anything else happens.
+                // written through (by the lander thread too, meanwhile): a reply
+                // that would block waits for it to be cleared (`blocking`).
                 self.set_nonblocking(true)?;
                 let polled = loop {
                     match self.read_socket(buf) {
@@ -142,6 +142,18 @@ impl Stream {
         let done = self.read_socket(buf);
         self.poll_window = next_window(self.poll_window, start.elapsed(), self.poll_max);
         done
+    }
+
+    /// Reads what has arrived, up to `buf.len()` bytes, without waiting: 0 if
+    /// nothing has (or the peer closed; the next read tells which).
+    pub(super) fn read_now(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.set_nonblocking(true)?;
+        let read = self.read_socket(buf);
+        self.set_nonblocking(false)?;
+        match read {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
+            done => done,
+        }
     }
 
     /// Shuts down one or both directions (errors ignored: the peer may be gone).
@@ -237,17 +249,30 @@ impl Drop for PollSlot {
     }
 }
 
+/// Retries `op` while it would block: the reading thread sets `O_NONBLOCK` on the
+/// socket's open file, which the handle replies go through shares, for a poll or a
+/// peek (a few microseconds), and a reply written meanwhile into a full send buffer
+/// must wait for it to be cleared, not fail.
+fn blocking<T>(mut op: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    loop {
+        match op() {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+            done => return done,
+        }
+    }
+}
+
 impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match &mut self.sock {
-            Sock::Unix(s) => s.write(buf),
-            Sock::Tcp(s) => s.write(buf),
+            Sock::Unix(s) => blocking(|| s.write(buf)),
+            Sock::Tcp(s) => blocking(|| s.write(buf)),
         }
     }
     fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
         match &mut self.sock {
-            Sock::Unix(s) => s.write_vectored(bufs),
-            Sock::Tcp(s) => s.write_vectored(bufs),
+            Sock::Unix(s) => blocking(|| s.write_vectored(bufs)),
+            Sock::Tcp(s) => blocking(|| s.write_vectored(bufs)),
         }
     }
     fn flush(&mut self) -> io::Result<()> {

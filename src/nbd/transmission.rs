@@ -20,6 +20,15 @@
 //! is in flight; only the reading overlaps. Small requests never touch the lander
 //! (a hand-off per 4 KiB request cost random reads 30–60% when everything went
 //! through a second thread).
+//!
+//! A large write that continues the one before it (a sequential stream's next
+//! chunk), whose header has already arrived, joins its landing: its payload is
+//! received right behind the previous one in the same page-aligned buffer, up to
+//! [`MAX_LANDING_BYTES`], and the lander writes them as one (one transaction, one
+//! direct write of up to 8 MiB instead of one per request) and answers each. Only a
+//! header already here is taken: one still to come could be a client waiting for
+//! the answers to the writes held back. A header read that turns out not to join
+//! is kept and served next ([`Conn::held_header`]).
 
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::sync::mpsc::{self, Receiver, SyncSender};
@@ -42,6 +51,10 @@ const MAX_BATCH_BYTES: usize = 8 << 20;
 /// engine starts writing past the page cache, so that the disk write is what the
 /// next request's receiving overlaps.
 const LAND_MIN_BYTES: u32 = 256 << 10;
+
+/// Most payload bytes one landing holds: the large writes that continue each other
+/// (module docs) join a landing up to this.
+const MAX_LANDING_BYTES: usize = 8 << 20;
 
 /// Serves requests until the client disconnects (NBD_CMD_DISC or EOF) or
 /// breaks the protocol. Errors only say why the connection ended.
@@ -68,6 +81,7 @@ pub(super) fn serve(
         spare: PagePayload::default(),
         out: Replies(Arc::new(Mutex::new(w))),
         lander: None,
+        held_header: None,
     };
     let result = conn.run(r);
     // A write still landing is answered; replies already produced are owed to the
@@ -111,6 +125,9 @@ struct Conn {
     out: Replies,
     /// Started by the first large write.
     lander: Option<Lander>,
+    /// A request header read from the socket while looking for writes to join a
+    /// landing, which did not join: the next request served.
+    held_header: Option<[u8; proto::REQUEST_LEN]>,
 }
 
 /// The connection's reply writer, shared with its lander thread; each reply is
@@ -145,7 +162,8 @@ impl PagePayload {
     /// unspecified).
     fn resize(&mut self, len: usize) -> &mut [u8] {
         if self.buf.len() < len + PAGE {
-            self.buf = vec![0; len + PAGE];
+            // Room for a whole landing, so writes that join it need no new buffer.
+            self.buf = vec![0; len.max(MAX_LANDING_BYTES) + PAGE];
         }
         // (`align_offset` may decline to compute; unaligned only costs the copy.)
         self.start = Some(self.buf.as_ptr().align_offset(PAGE))
@@ -155,15 +173,30 @@ impl PagePayload {
         &mut self.buf[self.start..self.start + len]
     }
 
+    /// Makes room for `more` bytes after the ones there and returns them (contents
+    /// unspecified); the bytes there are kept.
+    fn grow(&mut self, more: usize) -> &mut [u8] {
+        let kept = self.len;
+        if self.start + kept + more > self.buf.len() {
+            let old = std::mem::take(self);
+            self.resize(kept + more)[..kept].copy_from_slice(old.bytes());
+        }
+        self.len = kept + more;
+        let at = self.start + kept;
+        &mut self.buf[at..at + more]
+    }
+
     fn bytes(&self) -> &[u8] {
         &self.buf[self.start..self.start + self.len]
     }
 }
 
-/// A large write and the export it lands with, handed to the lander and back.
+/// Large writes, each continuing the one before, and the export they land with,
+/// handed to the lander and back.
 struct Landing {
     export: Box<dyn Export>,
-    req: Request,
+    /// In order; their payloads are `payload`, back to back.
+    reqs: Vec<Request>,
     payload: PagePayload,
     /// Set by the lander: whether the reply reached the socket.
     answered: io::Result<()>,
@@ -189,10 +222,15 @@ impl Lander {
             .name(format!("{name}-lander"))
             .spawn(move || {
                 while let Ok(mut l) = jobs.recv() {
-                    let fua = l.req.flags & proto::CMD_FLAG_FUA != 0;
-                    let applied = l.export.write(l.req.offset, l.payload.bytes(), fua);
+                    let fua = l.reqs.iter().any(|r| r.flags & proto::CMD_FLAG_FUA != 0);
+                    let applied = l.export.write(l.reqs[0].offset, l.payload.bytes(), fua);
                     let mut w = out.lock();
-                    l.answered = status_reply(&mut *w, structured, l.req, applied.err().as_ref())
+                    l.answered = l
+                        .reqs
+                        .iter()
+                        .try_for_each(|&req| {
+                            status_reply(&mut *w, structured, req, applied.as_ref().err())
+                        })
                         .and_then(|()| w.flush());
                     drop(w);
                     if done.send(l).is_err() {
@@ -219,16 +257,25 @@ impl Lander {
 impl Conn {
     fn run(&mut self, r: &mut BufReader<Stream>) -> io::Result<()> {
         loop {
-            if !complete_request_buffered(r.buffer()) {
-                self.out.lock().flush()?;
-                // The client has all our answers; its next request is the wait.
-                r.get_mut().poll_next_read();
-            }
-            let header: [u8; proto::REQUEST_LEN] = match proto::read_array(r) {
-                Ok(h) => h,
-                // EOF between requests: the client left (or we shut down reads).
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
-                Err(e) => return Err(e),
+            let header = match self.held_header.take() {
+                Some(h) => {
+                    // Its payload may still be on its way: answers first.
+                    self.out.lock().flush()?;
+                    h
+                }
+                None => {
+                    if !complete_request_buffered(r.buffer()) {
+                        self.out.lock().flush()?;
+                        // The client has all our answers; its next request is the wait.
+                        r.get_mut().poll_next_read();
+                    }
+                    match proto::read_array(r) {
+                        Ok(h) => h,
+                        // EOF between requests: the client left (or we shut down reads).
+                        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+                        Err(e) => return Err(e),
+                    }
+                }
             };
             let req = Request::decode(&header).ok_or_else(|| invalid("bad request magic"))?;
             if req.command == proto::CMD_WRITE
@@ -259,11 +306,19 @@ impl Conn {
     fn land(&mut self, r: &mut BufReader<Stream>, req: Request) -> io::Result<()> {
         let mut payload = std::mem::take(&mut self.spare);
         r.read_exact(payload.resize(req.len as usize))?;
-        self.settle()?;
         if let Err(e) = self.check(req, Errno::NoSpc, true) {
+            self.settle()?;
             self.spare = payload;
             return self.reply(req, Err(e));
         }
+        let mut reqs = vec![req];
+        let mut end = req.offset + u64::from(req.len);
+        while let Some(next) = self.next_joining(r, end, payload.len)? {
+            r.read_exact(payload.grow(next.len as usize))?;
+            end += u64::from(next.len);
+            reqs.push(next);
+        }
+        self.settle()?;
         // Started before the export leaves this thread, so a failure to start loses
         // nothing.
         let lander = match &mut self.lander {
@@ -275,7 +330,7 @@ impl Conn {
         };
         let landing = Landing {
             export,
-            req,
+            reqs,
             payload,
             answered: Ok(()),
         };
@@ -287,6 +342,51 @@ impl Conn {
                 self.export = Some(back.export);
                 io::Error::other("the lander thread is gone")
             })
+    }
+
+    /// The next request, if its header has arrived (in `r`'s buffer, or on the
+    /// socket: read without waiting) and it is a valid large write starting at `end`
+    /// that fits in a landing of `landing` bytes so far; its header is consumed, its
+    /// payload is not. A header read from the socket that does not join is held for
+    /// [`Conn::run`].
+    fn next_joining(
+        &mut self,
+        r: &mut BufReader<Stream>,
+        end: u64,
+        landing: usize,
+    ) -> io::Result<Option<Request>> {
+        let joins = |req: &Request| {
+            req.command == proto::CMD_WRITE
+                && (LAND_MIN_BYTES..=self.max_payload).contains(&req.len)
+                && req.offset == end
+                && landing + req.len as usize <= MAX_LANDING_BYTES
+                && self.check(*req, Errno::NoSpc, true).is_ok()
+        };
+        let buffered = r.buffer();
+        if !buffered.is_empty() {
+            // Taken only when whole here: the buffer holds what the socket had.
+            return match Request::decode(buffered) {
+                Some(req) if joins(&req) => {
+                    proto::read_array::<_, { proto::REQUEST_LEN }>(r)?;
+                    Ok(Some(req))
+                }
+                _ => Ok(None),
+            };
+        }
+        let mut header = [0u8; proto::REQUEST_LEN];
+        let got = r.get_mut().read_now(&mut header)?;
+        if got == 0 {
+            return Ok(None);
+        }
+        // The rest of a header whose start has come is on its way.
+        r.get_mut().read_exact(&mut header[got..])?;
+        match Request::decode(&header) {
+            Some(req) if joins(&req) => Ok(Some(req)),
+            _ => {
+                self.held_header = Some(header);
+                Ok(None)
+            }
+        }
     }
 
     /// Waits for the write landing, if any, and takes the export back; an error if
