@@ -162,8 +162,7 @@ impl PagePayload {
     /// unspecified).
     fn resize(&mut self, len: usize) -> &mut [u8] {
         if self.buf.len() < len + PAGE {
-            // Room for a whole landing, so writes that join it need no new buffer.
-            self.buf = vec![0; len.max(MAX_LANDING_BYTES) + PAGE];
+            self.buf = vec![0; len + PAGE];
         }
         // (`align_offset` may decline to compute; unaligned only costs the copy.)
         self.start = Some(self.buf.as_ptr().align_offset(PAGE))
@@ -178,8 +177,11 @@ impl PagePayload {
     fn grow(&mut self, more: usize) -> &mut [u8] {
         let kept = self.len;
         if self.start + kept + more > self.buf.len() {
+            // Room for a whole landing at once: a stream that joins once will again
+            // (the buffer is reused), and one that never does never pays for it.
             let old = std::mem::take(self);
-            self.resize(kept + more)[..kept].copy_from_slice(old.bytes());
+            self.resize((kept + more).max(MAX_LANDING_BYTES));
+            self.buf[self.start..self.start + kept].copy_from_slice(old.bytes());
         }
         self.len = kept + more;
         let at = self.start + kept;
