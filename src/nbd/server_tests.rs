@@ -622,6 +622,48 @@ fn sequential_large_writes_join_one_landing() {
     panic!("pipelined sequential large writes never joined a landing ({joined} of 20)");
 }
 
+/// A client gone in the middle of a write that would join a landing: nothing of
+/// the unfinished write lands, the one before it lands whole or not at all (it was
+/// never answered), and the server serves the next client.
+#[test]
+fn a_client_gone_mid_landing_leaves_no_part_of_it() {
+    const BIG: usize = 256 << 10;
+    let srv = server();
+    let disk = srv.exports.get("disk1").unwrap();
+    let req = |cookie: u64, offset: usize| Request {
+        flags: 0,
+        command: proto::CMD_WRITE,
+        cookie,
+        offset: offset as u64,
+        len: BIG as u32,
+    };
+    for _ in 0..5 {
+        let mut gone = srv.client("disk1", false, false);
+        let mut stream = req(1, 0).encode().to_vec();
+        stream.extend_from_slice(&vec![1u8; BIG]);
+        stream.extend_from_slice(&req(2, BIG).encode());
+        stream.extend_from_slice(&vec![2u8; BIG / 2]);
+        gone.s.write_all(&stream).unwrap();
+        drop(gone);
+        let mut c = srv.client("disk1", false, false);
+        let r = c.cmd(proto::CMD_READ, 0, 0, 2 * BIG as u32, &[]).unwrap();
+        assert_eq!(r.error, 0);
+        let first = &r.data[..BIG];
+        assert!(
+            first.iter().all(|&b| b == 0) || first.iter().all(|&b| b == 1),
+            "the first write landed whole or not at all"
+        );
+        assert!(
+            r.data[BIG..].iter().all(|&b| b == 0),
+            "nothing of the second"
+        );
+    }
+    // (Read after the connections ended: the first write may land after the read
+    // above, its connection still settling.)
+    let after = disk.contents();
+    assert!(after[BIG..2 * BIG].iter().all(|&b| b == 0));
+}
+
 /// Large writes land on the connection's second thread while it reads on: pipelined
 /// with small writes, a read, a refused one and a flush, each is answered once, in
 /// an order that applies them as sent (overlapping ones included); a read-only
