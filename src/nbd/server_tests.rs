@@ -622,6 +622,82 @@ fn sequential_large_writes_join_one_landing() {
     panic!("pipelined sequential large writes never joined a landing ({joined} of 20)");
 }
 
+/// The header behind a landing, deterministically (the client sends the end of a
+/// 1 MiB payload and what follows it in one write, after the server has taken the
+/// rest, so the read of that end brings it into the server's buffer): a continuing
+/// write joins; a read is served next, after the write; a header only partly here
+/// does not hold back the answer to the write before it.
+#[test]
+fn the_header_behind_a_landing_joins_it_or_is_served_next() {
+    const MIB: usize = 1 << 20;
+    const TAIL: usize = 100;
+    let srv = server();
+    let disk = srv.exports.add("big", 2 * MIB as u64, false);
+    let write = |cookie: u64, offset: usize| Request {
+        flags: 0,
+        command: proto::CMD_WRITE,
+        cookie,
+        offset: offset as u64,
+        len: MIB as u32,
+    };
+    let read = Request {
+        flags: 0,
+        command: proto::CMD_READ,
+        cookie: 2,
+        offset: 0,
+        len: 4096,
+    };
+    // Sends write 1 but its last TAIL bytes, waits for the server to take them, then
+    // sends those with `then` in one write.
+    let open_landing = |c: &mut Client, fill: u8, then: &[u8]| {
+        let mut first = write(1, 0).encode().to_vec();
+        first.extend_from_slice(&vec![fill; MIB - TAIL]);
+        c.s.write_all(&first).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let mut rest = vec![fill; TAIL];
+        rest.extend_from_slice(then);
+        c.s.write_all(&rest).unwrap();
+    };
+
+    // A continuing write: one landing.
+    let mut c = srv.client("big", false, false);
+    let mut then = write(2, MIB).encode().to_vec();
+    then.extend_from_slice(&vec![2u8; MIB]);
+    open_landing(&mut c, 1, &then);
+    let cookies: Vec<u64> = (0..2).map(|_| c.recv(0).unwrap().cookie).collect();
+    assert_eq!(cookies, [1, 2]);
+    assert_eq!(
+        disk.take_largest_write(),
+        2 * MIB,
+        "the second write joined"
+    );
+    let want: Vec<u8> = [vec![1u8; MIB], vec![2u8; MIB]].concat();
+    assert!(disk.contents() == want);
+
+    // A read: served after the write.
+    let mut c = srv.client("big", false, false);
+    open_landing(&mut c, 3, &read.encode());
+    assert_eq!(c.recv(0).unwrap().cookie, 1);
+    let r = c.recv(4096).unwrap();
+    assert_eq!((r.cookie, r.error), (2, 0));
+    assert_eq!(r.data, vec![3u8; 4096], "the read sees the write before it");
+    assert_eq!(disk.take_largest_write(), MIB);
+
+    // Part of a header: the write is answered before the rest comes.
+    let mut c = srv.client("big", false, false);
+    let header = read.encode();
+    open_landing(&mut c, 4, &header[..10]);
+    c.s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(
+        c.recv(0).unwrap().cookie,
+        1,
+        "answered with a header half in"
+    );
+    c.s.write_all(&header[10..]).unwrap();
+    let r = c.recv(4096).unwrap();
+    assert_eq!((r.cookie, r.data), (2, vec![4u8; 4096]));
+}
+
 /// A client gone in the middle of a write that would join a landing: nothing of
 /// the unfinished write lands, the one before it lands whole or not at all (it was
 /// never answered), and the server serves the next client.

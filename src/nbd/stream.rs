@@ -38,6 +38,8 @@ pub(super) struct Stream {
     poll_window: Duration,
     /// Set by [`Stream::poll_next_read`]: the next read may poll before sleeping.
     poll_armed: bool,
+    /// Set by [`Stream::retry_blocked_writes`].
+    retry_blocked_writes: bool,
 }
 
 #[derive(Debug)]
@@ -54,6 +56,7 @@ impl From<UnixStream> for Stream {
             poll_max: Duration::ZERO,
             poll_window: Duration::ZERO,
             poll_armed: false,
+            retry_blocked_writes: false,
         }
     }
 }
@@ -66,6 +69,7 @@ impl From<TcpStream> for Stream {
             poll_max: Duration::ZERO,
             poll_window: Duration::ZERO,
             poll_armed: false,
+            retry_blocked_writes: false,
         }
     }
 }
@@ -83,6 +87,7 @@ impl Stream {
             poll_max: Duration::ZERO,
             poll_window: Duration::ZERO,
             poll_armed: false,
+            retry_blocked_writes: false,
         })
     }
 
@@ -90,6 +95,16 @@ impl Stream {
     pub(super) fn set_poll_max(&mut self, max: Duration) {
         self.poll_max = max;
         self.poll_window = self.poll_window.min(max);
+    }
+
+    /// Makes writes that would block wait instead of failing. For the handle replies
+    /// go through once no write timeout is set (after the handshake: an expired
+    /// timeout also reads as "would block", and must end the write): the reading
+    /// thread sets `O_NONBLOCK` on the socket's open file, which this handle shares,
+    /// while it polls (microseconds), and a reply the lander thread writes meanwhile
+    /// into a full send buffer must wait for it to be cleared, not fail.
+    pub(super) fn retry_blocked_writes(&mut self) {
+        self.retry_blocked_writes = true;
     }
 
     /// Marks the next read as the wait for a new request: it may poll before it
@@ -120,7 +135,7 @@ impl Stream {
             if let Some(_slot) = PollSlot::take() {
                 // O_NONBLOCK is on the open file, shared with the handle replies are
                 // written through (by the lander thread too, meanwhile): a reply
-                // that would block waits for it to be cleared (`blocking`).
+                // that would block waits for it to be cleared (`retry_blocked_writes`).
                 self.set_nonblocking(true)?;
                 let polled = loop {
                     match self.read_socket(buf) {
@@ -142,18 +157,6 @@ impl Stream {
         let done = self.read_socket(buf);
         self.poll_window = next_window(self.poll_window, start.elapsed(), self.poll_max);
         done
-    }
-
-    /// Reads what has arrived, up to `buf.len()` bytes, without waiting: 0 if
-    /// nothing has (or the peer closed; the next read tells which).
-    pub(super) fn read_now(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.set_nonblocking(true)?;
-        let read = self.read_socket(buf);
-        self.set_nonblocking(false)?;
-        match read {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
-            done => done,
-        }
     }
 
     /// Shuts down one or both directions (errors ignored: the peer may be gone).
@@ -249,14 +252,11 @@ impl Drop for PollSlot {
     }
 }
 
-/// Retries `op` while it would block: the reading thread sets `O_NONBLOCK` on the
-/// socket's open file, which the handle replies go through shares, for a poll or a
-/// peek (a few microseconds), and a reply written meanwhile into a full send buffer
-/// must wait for it to be cleared, not fail.
-fn blocking<T>(mut op: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+/// Runs `op`, again while it would block if `retry` ([`Stream::retry_blocked_writes`]).
+fn blocking<T>(retry: bool, mut op: impl FnMut() -> io::Result<T>) -> io::Result<T> {
     loop {
         match op() {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+            Err(e) if retry && e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
             done => return done,
         }
     }
@@ -264,15 +264,17 @@ fn blocking<T>(mut op: impl FnMut() -> io::Result<T>) -> io::Result<T> {
 
 impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let retry = self.retry_blocked_writes;
         match &mut self.sock {
-            Sock::Unix(s) => blocking(|| s.write(buf)),
-            Sock::Tcp(s) => blocking(|| s.write(buf)),
+            Sock::Unix(s) => blocking(retry, || s.write(buf)),
+            Sock::Tcp(s) => blocking(retry, || s.write(buf)),
         }
     }
     fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        let retry = self.retry_blocked_writes;
         match &mut self.sock {
-            Sock::Unix(s) => blocking(|| s.write_vectored(bufs)),
-            Sock::Tcp(s) => blocking(|| s.write_vectored(bufs)),
+            Sock::Unix(s) => blocking(retry, || s.write_vectored(bufs)),
+            Sock::Tcp(s) => blocking(retry, || s.write_vectored(bufs)),
         }
     }
     fn flush(&mut self) -> io::Result<()> {

@@ -22,13 +22,14 @@
 //! through a second thread).
 //!
 //! A large write that continues the one before it (a sequential stream's next
-//! chunk), whose header has already arrived, joins its landing: its payload is
-//! received right behind the previous one in the same page-aligned buffer, up to
-//! [`MAX_LANDING_BYTES`], and the lander writes them as one (one transaction, one
-//! direct write of up to 8 MiB instead of one per request) and answers each. Only a
-//! header already here is taken: one still to come could be a client waiting for
-//! the answers to the writes held back. A header read that turns out not to join
-//! is kept and served next ([`Conn::held_header`]).
+//! chunk), whose header is already in the reader's buffer, joins its landing: its
+//! payload is received right behind the previous one in the same page-aligned
+//! buffer, up to [`MAX_LANDING_BYTES`], and the lander writes them as one (one
+//! transaction, one direct write of up to 8 MiB instead of one per request) and
+//! answers each. Only a header already here is taken: one still to come could be a
+//! client waiting for the answers to the writes held back. (The buffer is where the
+//! next header is: a payload's last piece, shorter than the buffer, is read through
+//! it, and that read takes whatever the client sent behind it.)
 
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::sync::mpsc::{self, Receiver, SyncSender};
@@ -69,6 +70,9 @@ pub(super) fn serve(
         structured,
         base_allocation,
     } = session;
+    let mut w = w;
+    // No write timeout from here on (the handshake's is cleared).
+    w.get_mut().retry_blocked_writes();
     let mut conn = Conn {
         size: export.size(),
         read_only: export.read_only(),
@@ -81,7 +85,6 @@ pub(super) fn serve(
         spare: PagePayload::default(),
         out: Replies(Arc::new(Mutex::new(w))),
         lander: None,
-        held_header: None,
     };
     let result = conn.run(r);
     // A write still landing is answered; replies already produced are owed to the
@@ -125,9 +128,6 @@ struct Conn {
     out: Replies,
     /// Started by the first large write.
     lander: Option<Lander>,
-    /// A request header read from the socket while looking for writes to join a
-    /// landing, which did not join: the next request served.
-    held_header: Option<[u8; proto::REQUEST_LEN]>,
 }
 
 /// The connection's reply writer, shared with its lander thread; each reply is
@@ -259,25 +259,16 @@ impl Lander {
 impl Conn {
     fn run(&mut self, r: &mut BufReader<Stream>) -> io::Result<()> {
         loop {
-            let header = match self.held_header.take() {
-                Some(h) => {
-                    // Its payload may still be on its way: answers first.
-                    self.out.lock().flush()?;
-                    h
-                }
-                None => {
-                    if !complete_request_buffered(r.buffer()) {
-                        self.out.lock().flush()?;
-                        // The client has all our answers; its next request is the wait.
-                        r.get_mut().poll_next_read();
-                    }
-                    match proto::read_array(r) {
-                        Ok(h) => h,
-                        // EOF between requests: the client left (or we shut down reads).
-                        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
-                        Err(e) => return Err(e),
-                    }
-                }
+            if !complete_request_buffered(r.buffer()) {
+                self.out.lock().flush()?;
+                // The client has all our answers; its next request is the wait.
+                r.get_mut().poll_next_read();
+            }
+            let header: [u8; proto::REQUEST_LEN] = match proto::read_array(r) {
+                Ok(h) => h,
+                // EOF between requests: the client left (or we shut down reads).
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) => return Err(e),
             };
             let req = Request::decode(&header).ok_or_else(|| invalid("bad request magic"))?;
             if req.command == proto::CMD_WRITE
@@ -314,12 +305,10 @@ impl Conn {
             return self.reply(req, Err(e));
         }
         let mut reqs = vec![req];
-        let mut end = req.offset + u64::from(req.len);
-        while let Some(next) = self.next_joining(r, end, payload.len)? {
-            r.read_exact(payload.grow(next.len as usize))?;
-            end += u64::from(next.len);
-            reqs.push(next);
-        }
+        // A client gone while a write was joining: the writes before it, whole, still
+        // land (never answered, but a shutdown that closes our reading side expects
+        // what it had sent to be applied), then the error ends the connection.
+        let joined = self.join(r, &mut reqs, &mut payload);
         self.settle()?;
         // Started before the export leaves this thread, so a failure to start loses
         // nothing.
@@ -343,51 +332,54 @@ impl Conn {
                 // The lander is gone (it panicked); keep the export for the goodbye.
                 self.export = Some(back.export);
                 io::Error::other("the lander thread is gone")
-            })
+            })?;
+        joined
     }
 
-    /// The next request, if its header has arrived (in `r`'s buffer, or on the
-    /// socket: read without waiting) and it is a valid large write starting at `end`
-    /// that fits in a landing of `landing` bytes so far; its header is consumed, its
-    /// payload is not. A header read from the socket that does not join is held for
-    /// [`Conn::run`].
-    fn next_joining(
+    /// Adds to `reqs` (and their payloads to `payload`) the large writes that
+    /// continue them and have already begun to arrive (module docs). On an error, what
+    /// was added whole stays; the write being read is dropped.
+    fn join(
         &mut self,
+        r: &mut BufReader<Stream>,
+        reqs: &mut Vec<Request>,
+        payload: &mut PagePayload,
+    ) -> io::Result<()> {
+        let last = reqs[reqs.len() - 1];
+        let mut end = last.offset + u64::from(last.len);
+        while let Some(next) = self.next_joining(r, end, payload.len)? {
+            let whole = payload.len;
+            if let Err(e) = r.read_exact(payload.grow(next.len as usize)) {
+                payload.len = whole;
+                return Err(e);
+            }
+            end += u64::from(next.len);
+            reqs.push(next);
+        }
+        Ok(())
+    }
+
+    /// The next request, if its header is in `r`'s buffer and it is a valid large
+    /// write starting at `end` that fits in a landing of `landing` bytes so far; its
+    /// header is consumed, its payload is not.
+    fn next_joining(
+        &self,
         r: &mut BufReader<Stream>,
         end: u64,
         landing: usize,
     ) -> io::Result<Option<Request>> {
-        let joins = |req: &Request| {
-            req.command == proto::CMD_WRITE
-                && (LAND_MIN_BYTES..=self.max_payload).contains(&req.len)
-                && req.offset == end
-                && landing + req.len as usize <= MAX_LANDING_BYTES
-                && self.check(*req, Errno::NoSpc, true).is_ok()
-        };
-        let buffered = r.buffer();
-        if !buffered.is_empty() {
-            // Taken only when whole here: the buffer holds what the socket had.
-            return match Request::decode(buffered) {
-                Some(req) if joins(&req) => {
-                    proto::read_array::<_, { proto::REQUEST_LEN }>(r)?;
-                    Ok(Some(req))
-                }
-                _ => Ok(None),
-            };
-        }
-        let mut header = [0u8; proto::REQUEST_LEN];
-        let got = r.get_mut().read_now(&mut header)?;
-        if got == 0 {
-            return Ok(None);
-        }
-        // The rest of a header whose start has come is on its way.
-        r.get_mut().read_exact(&mut header[got..])?;
-        match Request::decode(&header) {
-            Some(req) if joins(&req) => Ok(Some(req)),
-            _ => {
-                self.held_header = Some(header);
-                Ok(None)
+        match Request::decode(r.buffer()) {
+            Some(req)
+                if req.command == proto::CMD_WRITE
+                    && (LAND_MIN_BYTES..=self.max_payload).contains(&req.len)
+                    && req.offset == end
+                    && landing + req.len as usize <= MAX_LANDING_BYTES
+                    && self.check(req, Errno::NoSpc, true).is_ok() =>
+            {
+                proto::read_array::<_, { proto::REQUEST_LEN }>(r)?;
+                Ok(Some(req))
             }
+            _ => Ok(None),
         }
     }
 
