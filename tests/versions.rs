@@ -541,6 +541,28 @@ fn random_versions_against_a_model() {
     });
 }
 
+/// Seeds of [`random_versions_against_a_model`] found failing when run at 200 seeds
+/// (`CAMBIUM_VERSIONS_CASES=200`, 2026-11-27; the default 8 all pass): `verify` finds
+/// pointers with no stored back reference (seeds 20, 71, 79, 108, 136, 171, 180; 136
+/// at step 21, after a checkpoint) and seed 48 leaves 129 live bytes once everything
+/// is dropped. `random_versions_small_cache` fails on the same seeds. Bisected (seed
+/// 136) to `ac868a2`, the cleaner that lends the writer lock and the freeze without
+/// a sync. Ignored until fixed, so the default run stays green; run with
+/// `cargo test --release --test versions -- --ignored`.
+#[test]
+#[ignore = "known bug: back references missing after some seeds' cleaning (see above)"]
+fn random_versions_known_failing_seeds() {
+    let failed: Vec<String> = [20, 48, 71, 79, 108, 136, 171, 180]
+        .into_iter()
+        .filter_map(|seed| {
+            random_ops(seed, Setup::Pinned)
+                .err()
+                .map(|e| format!("seed {seed}: {e}"))
+        })
+        .collect();
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
 #[test]
 fn random_versions_small_cache() {
     run_seeds("random_versions_small_cache", "versions", 8, |s| {
