@@ -307,13 +307,7 @@ impl Wal {
         let result = self
             .file_of(&out)
             .and_then(|file| Ok(file.write_all_at(&out.buf, out.at)?));
-        let mut st = self.lock();
-        st.sync_in_flight = false;
-        if let Err(e) = &result {
-            st.failed = Some(e.to_string());
-        }
-        self.synced.notify_all();
-        result
+        self.end_in_flight(result)
     }
 
     /// Writes and fsyncs the unwritten tails of rotated generations, oldest first.
@@ -360,6 +354,12 @@ impl Wal {
         let result = segments
             .sync_values()
             .and_then(|()| self.write_rotated(rotated));
+        self.end_in_flight(result)
+    }
+
+    /// Ends the I/O a caller did as the one writer in flight (`sync_in_flight`, set
+    /// by it): a failure poisons the log; everyone waiting for that writer wakes.
+    fn end_in_flight(&self, result: Result<()>) -> Result<()> {
         let mut st = self.lock();
         st.sync_in_flight = false;
         if let Err(e) = &result {
