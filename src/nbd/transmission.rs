@@ -337,10 +337,10 @@ impl Conn {
     }
 
     /// Adds to `reqs` (and their payloads to `payload`) the large writes that
-    /// continue them and have already begun to arrive (module docs). On an error, what
-    /// was added whole stays; the write being read is dropped.
+    /// continue them whose headers are already in `r`'s buffer (module docs). On an
+    /// error, what was added whole stays; the write being read is dropped.
     fn join(
-        &mut self,
+        &self,
         r: &mut BufReader<Stream>,
         reqs: &mut Vec<Request>,
         payload: &mut PagePayload,
