@@ -582,6 +582,7 @@ pub(crate) fn delete_unreachable_segments(shared: &Shared) {
     };
     let oldest_view = shared.views.oldest();
     let mut pending = lock(&shared.pending_deletes);
+    let mut removed = Vec::new();
     pending.retain(|p| {
         let reachable = oldest_view.is_some_and(|v| v < p.lsn)
             || generation <= p.generation
@@ -595,10 +596,24 @@ pub(crate) fn delete_unreachable_segments(shared: &Shared) {
         if shared.segments.delete(p.segment).is_err() {
             return true;
         }
-        // No back reference can name it any more: compaction may purge its records.
-        lock(&shared.backrefs).delete_segment(p.segment);
+        removed.push(p.segment);
         false
     });
+    drop(pending);
+    // The deletion vector may name a segment only once its removal is durable: a
+    // power loss can bring back a file whose directory entry's removal was not
+    // synced, and a segment that is back may take appends again (it may be the newest
+    // of its kind), whose back references the deletion vector would then kill. If
+    // the sync fails, the segments stay out of the vector: their records are dead
+    // anyway (every parent of a block in them was freed), only purged later.
+    if removed.is_empty() || shared.vfs.sync_dir().is_err() {
+        return;
+    }
+    // No back reference can name them any more: compaction may purge their records.
+    let mut backrefs = lock(&shared.backrefs);
+    for segment in removed {
+        backrefs.delete_segment(segment);
+    }
 }
 
 /// Replaces in-memory roots whose trees are fully written by their addresses, so the

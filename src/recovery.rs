@@ -23,7 +23,7 @@ use crate::engine::{self, Durable, Lender, PendingDelete, Shared, ViewRegistry, 
 use crate::error::{Error, Result};
 use crate::format::{now_unix_ms, BlockRef, Lsn, SegmentId};
 use crate::io::{LockKind, StoreLock, VFile, Vfs};
-use crate::meta::{self, Chain, Meta};
+use crate::meta::{self, Chain, Meta, PendingSegment};
 use crate::options::Options;
 use crate::space::{Segments, SpaceDelta};
 use crate::superblock::{self, Superblock, SuperblockFile};
@@ -292,12 +292,33 @@ fn load(
     let durable_generation = sb.generation;
     // Deletions a previous process left pending (of segments still there).
     let existing: Vec<_> = segments.sizes()?.into_iter().map(|(id, _)| id).collect();
-    let pending: Vec<PendingDelete> = meta
+    let mut pending: Vec<PendingDelete> = meta
         .pending_deletes
         .iter()
         .filter(|p| existing.contains(&p.segment))
         .map(|p| PendingDelete::loaded(*p))
         .collect();
+    // A segment the deletion vector names whose file is still there: an earlier
+    // build named a segment there before its removal was durable, and a power loss
+    // brought the file back. Empty, it is deleted again (and takes no appends until
+    // then); holding live blocks (that build let it take appends again), it leaves
+    // the vector, which would otherwise hide those blocks' back references.
+    let mut backrefs = backrefs;
+    for segment in backrefs.deleted_segments().collect::<Vec<_>>() {
+        if !existing.contains(&segment) || pending.iter().any(|p| p.segment == segment) {
+            continue;
+        }
+        let live = meta.usage.get(&segment).copied().unwrap_or(0) > 0
+            || writer.delta.per_segment.contains_key(&segment);
+        if !live {
+            pending.push(PendingDelete::loaded(PendingSegment {
+                segment,
+                generation: 0,
+            }));
+        } else {
+            backrefs.undelete_segment(segment);
+        }
+    }
     // A segment waiting to be deleted must not take appends again.
     segments.do_not_resume(pending.iter().map(|p| p.segment));
     let durable = Durable {

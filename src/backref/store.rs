@@ -285,8 +285,13 @@ impl BackrefStore {
         self.deleted.insert(segment);
     }
 
+    /// Takes `segment` out of the deletion vector: records naming it count again.
+    /// Only for a segment named there in error (its file still holds live blocks).
+    pub(crate) fn undelete_segment(&mut self, segment: SegmentId) {
+        self.deleted.remove(&segment);
+    }
+
     /// The deletion vector, in order.
-    #[cfg(test)]
     pub(crate) fn deleted_segments(&self) -> impl Iterator<Item = SegmentId> + '_ {
         self.deleted.iter().copied()
     }
