@@ -529,7 +529,7 @@ impl Presence {
     }
 }
 
-/// An empty leaf root empties the tree; a branch root with one child is replaced by it.
+/// An empty root empties the tree; a branch root with one child is replaced by it.
 fn collapse_root(root: &mut Option<Child>) {
     loop {
         let Some(Child::Mem(node)) = root.as_ref() else {
@@ -537,6 +537,10 @@ fn collapse_root(root: &mut Option<Child>) {
         };
         match &node.body {
             Body::Leaf(e) if e.is_empty() => {
+                *root = None;
+                return;
+            }
+            Body::Branch(e) if e.is_empty() => {
                 *root = None;
                 return;
             }
@@ -589,9 +593,32 @@ fn delete_below(
                     .expect("node size stays positive");
             }
             let child = shadow(&mut entries[idx].child, ctx)?;
-            delete_below(child, key, presence, ctx)
+            let old = delete_below(child, key, presence, ctx)?;
+            // The fix above runs only for a child already thin: a child with a few
+            // large entries can be emptied by deletes without ever being thin. An
+            // empty subtree leaves (this delete's copy of it: nothing written is
+            // freed), or a store whose keys are all deleted would keep a tree of
+            // empty nodes.
+            if entries.len() > 1 && is_hollow(&entries[idx].child) {
+                let removed = entries.remove(idx);
+                *size -= branch_entry_size(removed.key.len());
+            }
+            Ok(old)
         }
         Body::Packed(_) => unreachable!("shadow unpacks a node before a writer edits it"),
+    }
+}
+
+/// Whether `child` is an in-memory subtree with no entries: an empty leaf, or a
+/// branch whose only child is one.
+fn is_hollow(child: &Child) -> bool {
+    let Child::Mem(node) = child else {
+        return false;
+    };
+    match &node.body {
+        Body::Leaf(e) => e.is_empty(),
+        Body::Branch(e) => e.is_empty() || (e.len() == 1 && is_hollow(&e[0].child)),
+        Body::Packed(_) => false,
     }
 }
 
