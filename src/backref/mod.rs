@@ -56,6 +56,9 @@
 //!    manifest that names them: the engine syncs the segments before it writes the
 //!    superblock that embeds the manifest.
 //! 6. After `delete_segment(s)`, no edge naming `s` is added (its blocks are gone).
+//!    The engine calls it only once the removal of `s`'s file is durable: a file a
+//!    power loss brought back could take appends again (the newest segment of its
+//!    kind is where appends resume), and the vector would hide their edges.
 //!    Records naming `s` are dead at once; compaction purges them and then drops `s`
 //!    from the deletion vector, since no run mentions it any more. (It keeps filtering
 //!    in memory until the store is reopened, in case a write store frozen later still
