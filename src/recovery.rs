@@ -302,7 +302,9 @@ fn load(
     // build named a segment there before its removal was durable, and a power loss
     // brought the file back. Empty, it is deleted again (and takes no appends until
     // then); holding live blocks (that build let it take appends again), it leaves
-    // the vector, which would otherwise hide those blocks' back references.
+    // the vector, so that edges into it recorded from now on count. (The edges that
+    // build already dropped stay missing: `verify` reports them, and the cleaner,
+    // finding fewer parents than a block's count, plans its move from a walk.)
     let mut backrefs = backrefs;
     for segment in backrefs.deleted_segments().collect::<Vec<_>>() {
         if !existing.contains(&segment) || pending.iter().any(|p| p.segment == segment) {

@@ -488,7 +488,7 @@ pub(crate) fn delete(
     }
     let node = shadow(slot, ctx)?;
     let old = delete_below(node, key, &mut presence, ctx)?;
-    collapse_root(root);
+    collapse_root(root, ctx.epoch);
     Ok(old)
 }
 
@@ -530,23 +530,25 @@ impl Presence {
 }
 
 /// An empty root empties the tree; a branch root with one child is replaced by it.
-fn collapse_root(root: &mut Option<Child>) {
+fn collapse_root(root: &mut Option<Child>, epoch: u64) {
     loop {
-        let Some(Child::Mem(node)) = root.as_ref() else {
+        if root.as_mut().is_some_and(|r| is_hollow(r, epoch)) {
+            *root = None;
+            return;
+        }
+        // Only a root this delete copied may be dropped (it frees nothing written);
+        // a child that became the root without being on the delete's path stays.
+        let Some(slot) = root.as_mut() else {
+            return;
+        };
+        if !exclusive(slot, epoch) {
+            return;
+        }
+        let Child::Mem(node) = slot else {
             return;
         };
         match &node.body {
-            Body::Leaf(e) if e.is_empty() => {
-                *root = None;
-                return;
-            }
-            Body::Branch(e) if e.is_empty() => {
-                *root = None;
-                return;
-            }
             Body::Branch(e) if e.len() == 1 => {
-                // The root was shadowed by this delete, so dropping it frees nothing
-                // that was written.
                 let child = e[0].child.clone();
                 *root = Some(child);
             }
@@ -599,7 +601,7 @@ fn delete_below(
             // empty subtree leaves (this delete's copy of it: nothing written is
             // freed), or a store whose keys are all deleted would keep a tree of
             // empty nodes.
-            if entries.len() > 1 && is_hollow(&entries[idx].child) {
+            if entries.len() > 1 && is_hollow(&mut entries[idx].child, ctx.epoch) {
                 let removed = entries.remove(idx);
                 *size -= branch_entry_size(removed.key.len());
             }
@@ -609,15 +611,23 @@ fn delete_below(
     }
 }
 
-/// Whether `child` is an in-memory subtree with no entries: an empty leaf, or a
-/// branch whose only child is one.
-fn is_hollow(child: &Child) -> bool {
+/// Whether `child` is a subtree with no entries (an empty leaf, or a branch whose only
+/// child is one) made of this transaction's own copies, so that dropping it frees
+/// nothing written and changes no count. (A node not exclusively ours, say an empty
+/// leaf an older build wrote, is never dropped: its count and space would leak.)
+fn is_hollow(child: &mut Child, epoch: u64) -> bool {
+    if !exclusive(child, epoch) {
+        return false;
+    }
     let Child::Mem(node) = child else {
         return false;
     };
-    match &node.body {
+    let Some(node) = Arc::get_mut(node) else {
+        return false;
+    };
+    match &mut node.body {
         Body::Leaf(e) => e.is_empty(),
-        Body::Branch(e) => e.is_empty() || (e.len() == 1 && is_hollow(&e[0].child)),
+        Body::Branch(e) => e.is_empty() || (e.len() == 1 && is_hollow(&mut e[0].child, epoch)),
         Body::Packed(_) => false,
     }
 }
