@@ -81,7 +81,7 @@ impl Store {
                     )));
                 }
                 made_dir = !dir.exists();
-                std::fs::create_dir_all(dir)?;
+                create_dir_durably(dir)?;
                 Arc::new(StdVfs::new(dir))
             }
         };
@@ -562,4 +562,20 @@ fn background_loop(weak: &Weak<Shared>, signal: &Signal, interval: Option<Durati
             let _ = clean::auto_clean(&shared);
         }
     }
+}
+
+/// Creates `dir` and any missing parents, and syncs the parent of each directory it
+/// creates, so that a power loss cannot lose the store's directory entry (and with it
+/// the commits already acknowledged into it).
+fn create_dir_durably(dir: &Path) -> std::io::Result<()> {
+    let missing: Vec<&Path> = dir.ancestors().take_while(|p| !p.exists()).collect();
+    std::fs::create_dir_all(dir)?;
+    for created in missing.into_iter().rev() {
+        let parent = match created.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        std::fs::File::open(parent)?.sync_all()?;
+    }
+    Ok(())
 }

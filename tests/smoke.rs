@@ -296,3 +296,16 @@ fn put_many_opens_a_data_segment_only_for_large_values() {
     drop(read);
     assert!(store.verify().unwrap().is_clean());
 }
+
+/// `create` makes the missing directories of its path (syncing each one's parent, so
+/// a power loss cannot lose the store's directory entry).
+#[test]
+fn create_makes_missing_parent_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a").join("b").join("db");
+    let store = Store::create_with(&path, opts()).unwrap();
+    store.put(b"k", b"v").unwrap();
+    store.close().unwrap();
+    let store = Store::open_with(&path, opts()).unwrap();
+    assert_eq!(store.get(b"k").unwrap(), Some(b"v".to_vec()));
+}
