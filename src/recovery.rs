@@ -404,10 +404,13 @@ fn settle(loaded: Loaded) -> Result<Arc<Shared>> {
         // A creation cut short after its superblock was in place: it is complete.
         shared.vfs.remove(INIT_MARKER)?;
     }
+    // The extents the replayed records name are durable before the lock file says
+    // those records are (an open trusts records up to the published LSN without
+    // checking their extents).
+    shared.segments.sync_all()?;
     shared
         ._process_lock
         .publish_synced(shared.wal.last_lsn().0)?;
-    shared.segments.sync_all()?;
     let first_live = {
         let d = lock(&shared.durable);
         d.fallback

@@ -287,6 +287,15 @@ pub(crate) struct Segments {
     /// Whether zeros are written ahead at all (`Options::data_zeros_ahead`).
     zeros_ahead: AtomicBool,
     unsynced: Mutex<Unsynced>,
+    /// Held through [`Segments::sync`]: a caller that finds the set empty because
+    /// another took it must not return before that one's fsyncs are done.
+    syncing: Mutex<()>,
+    /// The first failed fsync of a segment file, if any. After a failed fsync the
+    /// kernel may have dropped the dirty pages it could not write and marked them
+    /// clean, so a later fsync of the same file can succeed without them: every sync
+    /// from then on fails (the store must be reopened, which recovers from what is
+    /// durable), rather than report durable what may be lost.
+    sync_failed: std::sync::OnceLock<String>,
     /// Segments with values written ahead of their transaction, and how many such
     /// writes are open ([`Pin`]); counted up under the data appender's lock, in the
     /// allocation's critical section, so that no fence misses one.
@@ -300,22 +309,17 @@ pub(crate) struct Segments {
 pub(crate) struct ValuesSync<'s> {
     segments: &'s Segments,
     pending: PendingSync<'s>,
-    ids: BTreeSet<SegmentId>,
 }
 
 impl ValuesSync<'_> {
-    /// Waits until the extents are durable. On an error the segments stay pending,
-    /// so the next sync tries them again.
+    /// Waits until the extents are durable. Fails if any segment fsync of this
+    /// process has failed, this one or an earlier one (see `sync_failed`).
     pub(crate) fn finish(self) -> Result<()> {
-        let ValuesSync {
-            segments,
-            pending,
-            ids,
-        } = self;
-        pending.wait().map_err(|e| {
-            lock(&segments.unsynced).values.extend(ids);
-            e.into()
-        })
+        let ValuesSync { segments, pending } = self;
+        if let Err(e) = pending.wait() {
+            segments.note_sync_failure(&e);
+        }
+        segments.check_syncs()
     }
 }
 
@@ -406,6 +410,8 @@ impl Segments {
             sync_gap: AtomicU64::new(u64::MAX),
             zeros_ahead: AtomicBool::new(false),
             unsynced: Mutex::new(Unsynced::default()),
+            syncing: Mutex::new(()),
+            sync_failed: std::sync::OnceLock::new(),
             pins: Mutex::new(BTreeMap::new()),
             sync_helper,
             read_only,
@@ -556,7 +562,7 @@ impl Segments {
             file.reads_are_random();
         }
         file.write_all_at(&Self::header(id, kind), 0)?;
-        file.sync()?;
+        file.sync().inspect_err(|e| self.note_sync_failure(e))?;
         self.vfs.sync_dir()?;
         Ok(file)
     }
@@ -648,7 +654,7 @@ impl Segments {
                 Ok(())
             }
             Some(p) if !p.synced && p.zeroed >= SEGMENT_TARGET_BYTES => {
-                p.file.sync()?;
+                p.file.sync().inspect_err(|e| self.note_sync_failure(e))?;
                 p.synced = true;
                 Ok(())
             }
@@ -1036,28 +1042,40 @@ impl Segments {
         ValuesSync {
             segments: self,
             pending: self.sync_helper.start(files),
-            ids,
         }
     }
 
-    /// Makes every append so far durable.
+    /// Makes every append so far durable. Callers are serialised here: one that
+    /// finds nothing left to sync returns only once the syncs of the appends another
+    /// caller took are done.
     pub(crate) fn sync(&self) -> Result<()> {
-        self.sync_set(|u| &mut u.all)
-    }
-
-    /// Fsyncs the segments in one of the pending sets, emptying it; on an error the
-    /// set is restored, so the next attempt syncs them again.
-    fn sync_set(&self, set: fn(&mut Unsynced) -> &mut BTreeSet<SegmentId>) -> Result<()> {
-        let pending = std::mem::take(set(&mut lock(&self.unsynced)));
+        let _syncing = lock(&self.syncing);
+        self.check_syncs()?;
+        let pending = std::mem::take(&mut lock(&self.unsynced).all);
         for id in &pending {
             if let Some(f) = self.file(*id) {
                 if let Err(e) = f.sync() {
-                    set(&mut lock(&self.unsynced)).extend(pending.iter().copied());
+                    self.note_sync_failure(&e);
                     return Err(e.into());
                 }
             }
         }
         Ok(())
+    }
+
+    /// Records a failed fsync of a segment file: every sync fails from now on.
+    fn note_sync_failure(&self, e: &std::io::Error) {
+        let _ = self.sync_failed.set(e.to_string());
+    }
+
+    /// Fails if an fsync of a segment file has failed in this process.
+    fn check_syncs(&self) -> Result<()> {
+        match self.sync_failed.get() {
+            Some(why) => Err(Error::Poisoned(format!(
+                "an earlier fsync of a segment failed: {why}"
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Fsyncs every segment file (after recovery, which may have read blocks that were
@@ -1071,7 +1089,7 @@ impl Segments {
             .cloned()
             .collect();
         for f in files {
-            f.sync()?;
+            f.sync().inspect_err(|e| self.note_sync_failure(e))?;
         }
         Ok(())
     }
@@ -1145,13 +1163,16 @@ impl Segments {
     /// being deleted. The general stream keeps it: the checkpoint taking the fence
     /// appends to it at once.
     pub(crate) fn fence(&self) -> AppendFence {
-        let growing = Kind::ALL.map(|kind| {
-            let mut app = self.appender(kind);
-            if kind == Kind::Data {
-                app.resume = None;
-            }
-            app.active.as_ref().map(|(id, _)| *id).or(app.resume)
-        });
+        // Both appenders are held to the end (general, then data: no other code
+        // holds both): a stream that rolled to a new segment after its appender was
+        // read and before `next_id` is would take an id below `next` and, if it has
+        // not pinned it yet, be missed by every part of the fence, and a segment a
+        // transaction is filling could then be found empty and deleted.
+        let mut general = self.appender(Kind::General);
+        let mut data = self.appender(Kind::Data);
+        data.resume = None;
+        let growing = [&mut general, &mut data]
+            .map(|app| app.active.as_ref().map(|(id, _)| *id).or(app.resume));
         let next = lock(&self.next_id);
         // A prepared data segment will take appends although it is not active yet.
         let prepared = *lock(&self.prepared_id);

@@ -620,3 +620,69 @@ fn a_prepared_data_segment_is_zeroed_ahead_of_small_appends() {
     assert_eq!(next.addr, Addr::new(prepared, end));
     assert_eq!(segments.read(last, "extent").unwrap(), medium);
 }
+
+/// After a failed fsync the kernel may have dropped the pages it could not write, so
+/// a later fsync of the same file can succeed without them: one failed segment fsync
+/// fails every later sync of this process, whoever asks (the checkpoint's `sync`, or
+/// a commit's `sync_values`), until a reopen recovers from what is durable.
+#[test]
+fn a_failed_fsync_fails_every_later_sync() {
+    let sim = SimVfs::new();
+    let segments = Segments::open(Arc::new(sim.clone()), false).expect("open");
+    segments.append(b"a node").expect("append");
+    segments.append_value(b"a value").expect("append");
+    sim.set_fail_once_after(Some(0));
+    assert!(segments.sync().is_err(), "the injected fsync failure");
+    // The fault was transient: the file system would let these succeed.
+    segments.append_value(b"another value").expect("append");
+    assert!(matches!(segments.sync(), Err(Error::Poisoned(_))));
+    assert!(matches!(segments.sync_values(), Err(Error::Poisoned(_))));
+    // A failure seen by a commit's sync of values is as sticky.
+    let sim = SimVfs::new();
+    let segments = Segments::open(Arc::new(sim.clone()), false).expect("open");
+    segments.append_value(b"a value").expect("append");
+    sim.set_fail_once_after(Some(0));
+    assert!(
+        segments.sync_values().is_err(),
+        "the injected fsync failure"
+    );
+    assert!(matches!(segments.sync(), Err(Error::Poisoned(_))));
+}
+
+/// A fence taken while the data stream rolls to a new segment holds that segment,
+/// whichever side of the roll it lands on: it is growing, pinned, or at or past the
+/// fence's next id.
+#[test]
+fn a_fence_taken_during_rolls_holds_every_segment_appends_reach() {
+    let sim = SimVfs::new();
+    let segments = Arc::new(Segments::open(Arc::new(sim), false).expect("open"));
+    let value = vec![7u8; 1 << 20];
+    let writer = {
+        let segments = segments.clone();
+        std::thread::spawn(move || {
+            let mut ids = Vec::new();
+            for _ in 0..200 {
+                let r = segments.append_value(&value).expect("append");
+                ids.push(r.addr.segment());
+            }
+            ids
+        })
+    };
+    let mut fences = Vec::new();
+    while !writer.is_finished() {
+        fences.push(segments.fence());
+    }
+    let ids = writer.join().expect("writer");
+    // Every fence must hold every segment appended to after it was taken: a fence
+    // holds the segment growing at its time and every later id.
+    for fence in &fences {
+        let held = |id: SegmentId| fence.growing.contains(&Some(id)) || id >= fence.next;
+        let first_after = ids.iter().position(|&id| held(id));
+        if let Some(i) = first_after {
+            assert!(
+                ids[i..].iter().all(|&id| held(id)),
+                "a fence missed a segment appended to after it: {fence:?}, {ids:?}"
+            );
+        }
+    }
+}
