@@ -506,6 +506,15 @@ fn settle(shared: &Shared, w: &mut LendingGuard<'_>, force: bool) -> Result<()> 
         .checkpoint_lsn;
     if force || !checkpoint::nothing_to_write(durable_lsn, w) {
         checkpoint::run_lending(shared, w)?;
+    } else {
+        // No checkpoint is writing now (the durable lock was free), but the last one
+        // may have ended while this thread held the writer lock, and so not folded
+        // its nodes' counts into the table (`unpin_written_roots` only tries the
+        // lock): fold them here, since the plan reads counts by address. (A snapshot
+        // lent during that checkpoint's write counts its root in memory; a plan that
+        // read the table saw one parent where eight versions pointed.)
+        let written = w.epoch - 1;
+        w.refs.merge_written(written);
     }
     Ok(())
 }

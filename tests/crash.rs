@@ -1000,7 +1000,14 @@ fn snapshots_lent_by_the_cleaner_then_power_loss() {
             lent_total.fetch_add(lent, Ordering::Relaxed);
             let early = early.lock().unwrap().clone();
             if !early.is_empty() {
-                return Err(format!("failures before the power loss: {early:?}"));
+                // Say whether the durable state is sound too (a failed clean may be
+                // a check that worked or a state gone wrong).
+                let durable = open_sim(&image)
+                    .map_err(|e| e.to_string())
+                    .and_then(|s| verify_clean(&s, "after power loss"));
+                return Err(format!(
+                    "failures before the power loss: {early:?}; recovered: {durable:?}"
+                ));
             }
             let recovered = ctx(open_sim(&image), "open after power loss")?;
             let snapshots = snapshots.lock().unwrap().clone();
