@@ -91,6 +91,17 @@ pub(crate) fn run(shared: &Shared, held: Option<&mut WriterState>) -> Result<()>
     Ok(())
 }
 
+/// [`run`] as when its end found the writer lock taken: the nodes it wrote keep
+/// their counts in memory (`unpin_written_roots` only tries the lock).
+#[cfg(test)]
+pub(crate) fn run_leaving_counts_unfolded(shared: &Shared) -> Result<()> {
+    let mut w = shared.lock_writer();
+    let mut durable = lock(&shared.durable);
+    let frozen = freeze(shared, &mut w, &mut durable)?;
+    drop(w);
+    write(shared, &mut durable, frozen).map(drop)
+}
+
 /// Runs a checkpoint while the caller holds the writer lock, as [`run`] does, but
 /// leaves what follows a durable checkpoint (deleting the segments it made
 /// unreachable, unpinning written roots) to the caller, to do after it lets the lock

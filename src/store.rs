@@ -57,6 +57,12 @@ impl std::fmt::Debug for Store {
 }
 
 impl Store {
+    /// The engine's shared state (for tests of its internals).
+    #[cfg(test)]
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
     /// Creates a new store in `dir` (created if missing) with default options.
     pub fn create(dir: impl AsRef<Path>) -> Result<Store> {
         Self::create_with(dir, Options::default())
