@@ -19,9 +19,10 @@
 //! and commits go on meanwhile.
 //! Then, under the writer lock, so no commit can interleave with a half-made
 //! relocation (readers go on):
-//! 1. finish the drop queue and checkpoint: every node is now written and its count is
-//!    in the table by address, so the only parents are written nodes and roots, and
-//!    the back references are exact;
+//! 1. finish the drop queue and checkpoint (or, with nothing to write, fold the last
+//!    checkpoint's counts, which it may have left in memory): every node is now
+//!    written and its count is in the table by address, so the only parents are
+//!    written nodes and roots, and the back references are exact;
 //! 2. find the closure upwards through the back references (`crate::backref`), walk
 //!    each version only through it, post-order, and build the copies (dirty nodes;
 //!    moved value extents take their copy made ahead, if its length and checksum are
