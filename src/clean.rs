@@ -124,6 +124,7 @@ pub(crate) fn clean(
     dead_below: f64,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<CleanReport> {
+    let _one_at_a_time = lock(&shared.cleaning);
     clean_at_most(shared, dead_below, u64::MAX, None, progress)
 }
 
@@ -132,6 +133,10 @@ pub(crate) fn clean(
 /// moving at most `AUTO_CLEAN_MAX_MOVED`. Returns whether it cleaned.
 pub(crate) fn auto_clean(shared: &Shared) -> Result<bool> {
     let Some(percent) = shared.opts.auto_clean_dead_percent else {
+        return Ok(false);
+    };
+    // Another run (a user's `clean`, `defrag` or `shrink`) is at it already.
+    let Ok(_one_at_a_time) = shared.cleaning.try_lock() else {
         return Ok(false);
     };
     let segments = segment_uses(shared)?;
@@ -198,6 +203,7 @@ fn clean_at_most(
 /// scans read them sequentially. Sharing with other versions is kept: a node shared
 /// with another version is moved once, for all of them.
 pub(crate) fn defrag(shared: &Shared, version: Option<&str>) -> Result<CleanReport> {
+    let _one_at_a_time = lock(&shared.cleaning);
     let mut report = CleanReport {
         footprint_before: footprint(shared)?,
         ..CleanReport::default()
@@ -266,6 +272,7 @@ pub(crate) fn shrink(shared: &Shared, progress: &mut dyn FnMut(u64, u64)) -> Res
     // Moving a block rewrites its parents, which may lie in the segment taking the
     // copies and so leave dead bytes there: a few passes settle it (each pass moves
     // only what the previous one left behind).
+    let _one_at_a_time = lock(&shared.cleaning);
     let mut report = CleanReport::default();
     for pass in 0..SHRINK_PASSES {
         let done = clean_at_most(
@@ -677,11 +684,14 @@ fn relocate(
     let mut guard = shared.lock_writer_lending()?;
     settle(shared, &mut guard, false)?;
     // A copy made ahead lies in a segment nothing counted live until now: if a
-    // checkpoint meanwhile found that segment empty, it is to be deleted, and the
-    // copy must not be used.
+    // checkpoint meanwhile found that segment empty, it is to be deleted (or is
+    // gone already), and the copy must not be used.
     {
         let pending = lock(&shared.pending_deletes);
-        ahead.retain(|_, copy| !pending.iter().any(|p| p.segment == copy.addr.segment()));
+        ahead.retain(|_, copy| {
+            let segment = copy.addr.segment();
+            shared.segments.contains(segment) && !pending.iter().any(|p| p.segment == segment)
+        });
     }
     // Planning changes nothing, so a version operation waiting for the lock is served
     // by abandoning the plan and planning again: a snapshot waits for no round.
@@ -747,8 +757,12 @@ fn relocate(
     w.backrefs.merge(backrefs);
     // Commit by checkpoint: the copies are written and the victims' bytes freed.
     w.last_lsn = lsn;
+    // What readers get once it is durable: the state as of the relocation, not the
+    // writer's after the checkpoint, which may hold versions lent operations made
+    // meanwhile that are not durable yet (each is published by its own caller).
+    let relocated = shared.view_of(&guard);
     checkpoint::run_lending(shared, &mut guard)?;
-    shared.publish(shared.view_of(&guard));
+    shared.publish(relocated);
     drop(guard);
     // The segments the settle made unreachable go now, with commits going on.
     checkpoint::delete_unreachable_segments(shared);

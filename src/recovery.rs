@@ -343,6 +343,7 @@ fn load(
         segments,
         backrefs: Mutex::new(backrefs),
         compact_backrefs: AtomicBool::new(false),
+        cleaning: Mutex::new(()),
         subtree_totals: Mutex::new(crate::format::AddrMap::default()),
         cache,
         wal,

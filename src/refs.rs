@@ -86,9 +86,11 @@ pub(crate) fn segment_refs(shared: &Shared, segment: SegmentId) -> Result<Vec<Bl
     let lo = Addr::new(segment, 0);
     let hi = Addr::new(SegmentId(segment.0.saturating_add(1)), 0);
     let in_segment = |a: Addr| a.segment() == segment;
-    let (catalog, ws) = {
+    // The view keeps every block these trees reach from being deleted while the
+    // walk below reads them (a clean may relocate them meanwhile).
+    let (_view, catalog, ws) = {
         let w = shared.lock_writer();
-        (w.catalog.clone(), w.backrefs.clone())
+        (shared.view_of(&w), w.catalog.clone(), w.backrefs.clone())
     };
     let mut parents: BTreeMap<Addr, BTreeSet<Addr>> = BTreeMap::new();
     let mut closure: BTreeSet<Addr> = BTreeSet::new();

@@ -269,9 +269,12 @@ pub(crate) fn finish_drops(shared: &Shared) -> Result<()> {
 
 /// Every version, in the order they were made, with its space accounting.
 pub(crate) fn list(shared: &Shared) -> Result<Vec<VersionInfo>> {
-    let (catalog, refs, unshared, overflowed) = {
+    // The view keeps every block these trees reach from being deleted while the
+    // walk below reads them (a clean may relocate them meanwhile).
+    let (_view, catalog, refs, unshared, overflowed) = {
         let mut w = shared.lock_writer();
         (
+            shared.view_of(&w),
             w.catalog.clone(),
             w.refs.counts(),
             std::mem::take(&mut w.unshared),

@@ -351,3 +351,26 @@ fn backrefs_lists_blocks_whose_parent_is_not_written_yet() {
         "{before} leaves listed before the put, {after} after"
     );
 }
+
+/// A user's `shrink` and `clean` beside each other (and beside the background
+/// cleaner): they take turns, and every version reads the same after.
+#[test]
+fn cleaners_started_together_take_turns() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::create(dir.path().join("db")).unwrap();
+    let mut model = Model::new();
+    for round in 0..4 {
+        store.snapshot("main", &format!("s{round}")).unwrap();
+        model = fill(&store, 5_000, round);
+        store.checkpoint().unwrap();
+    }
+    std::thread::scope(|s| {
+        let a = s.spawn(|| store.shrink());
+        let b = s.spawn(|| store.clean(10.0));
+        a.join().unwrap().unwrap();
+        b.join().unwrap().unwrap();
+    });
+    check(&store, "main", &model);
+    let report = store.verify().unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}

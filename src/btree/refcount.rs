@@ -137,7 +137,11 @@ impl RefCounts {
 
     /// Folds the counts of in-memory nodes written by checkpoints of epochs up to
     /// `epoch` into the table, by their new addresses. Only call when no checkpoint
-    /// of those epochs is still writing.
+    /// of those epochs is still writing, and never while a transaction holds an
+    /// [`RcDelta`] computed before the fold: its in-memory entries for folded nodes
+    /// would never be folded (the count `set` here assumes the address has no entry
+    /// yet, which holds because a written node's address is new and nothing names it
+    /// by address before this fold).
     pub(crate) fn merge_written(&mut self, epoch: u64) {
         if epoch <= self.merged_through {
             return;

@@ -199,6 +199,11 @@ pub(crate) struct Shared {
     pub backrefs: Mutex<BackrefStore>,
     /// The next checkpoint merges every back-reference run into one (`shrink`).
     pub compact_backrefs: AtomicBool,
+    /// Held by a run of the cleaner, `defrag` or `shrink`: one at a time. Two would
+    /// undo each other's assumptions: one copies extents ahead into a segment that
+    /// counts them as dead bytes, and the other may clean and delete that segment
+    /// before the first commits its round.
+    pub cleaning: Mutex<()>,
     /// Referenced bytes and keys of written branch subtrees (`versions()`): a written
     /// node never changes, so its totals hold as long as its address is in use.
     pub subtree_totals: Mutex<AddrMap<Addr, SubtreeTotals>>,
