@@ -30,14 +30,20 @@
 //!    old addresses in the interval's space delta and ending their back references;
 //!    before anything is applied, check that every moved block had as many pointers
 //!    rewritten as its count says (else rebuild the plan from a walk of every version);
-//! 3. commit by checkpoint, like a large transaction (the LSN advances with no WAL
-//!    record, so reader views taken before the move keep the victims alive until they
-//!    end): the copies are written, the victims' live bytes drop to zero, and they are
-//!    deleted once no superblock slot and no view can reach them.
+//! 3. commit by checkpoint, like a large transaction (the LSN advances, so reader
+//!    views taken before the move keep the victims alive until they end): the copies
+//!    are written, the victims' live bytes drop to zero, and they are deleted once no
+//!    superblock slot and no view can reach them.
 //!
-//! Nothing is logged: relocation does not change any version's content, so a crash
-//! before step 3's superblock simply leaves the old (still valid) addresses in use,
-//! and the copies written so far are dead bytes.
+//! No content is logged: relocation does not change any version's content, so a
+//! crash before step 3's superblock simply leaves the old (still valid) addresses in
+//! use, and the copies written so far are dead bytes. The relocation's LSN has a
+//! record of its own (`Record::Relocation`, which replay skips) only so that version
+//! operations lent during its checkpoint, logged after it, replay in order.
+//!
+//! One run of the cleaner, `defrag` or `shrink` at a time (`Shared::cleaning`;
+//! automatic cleaning skips its turn): each counts on the extents it copied ahead
+//! lying in a segment the other would see as dead bytes, free to clean and delete.
 
 use crate::backref::{WriteStore, MAX_RUNS};
 use crate::btree::end_backrefs;
