@@ -90,7 +90,7 @@ pub(crate) fn segment_refs(shared: &Shared, segment: SegmentId) -> Result<Vec<Bl
     // walk below reads them (a clean may relocate them meanwhile).
     let (_view, catalog, ws) = {
         let w = shared.lock_writer();
-        (shared.view_of(&w), w.catalog.clone(), w.backrefs.clone())
+        (shared.hold_space(&w), w.catalog.clone(), w.backrefs.clone())
     };
     let mut parents: BTreeMap<Addr, BTreeSet<Addr>> = BTreeMap::new();
     let mut closure: BTreeSet<Addr> = BTreeSet::new();

@@ -274,7 +274,7 @@ pub(crate) fn list(shared: &Shared) -> Result<Vec<VersionInfo>> {
     let (_view, catalog, refs, unshared, overflowed) = {
         let mut w = shared.lock_writer();
         (
-            shared.view_of(&w),
+            shared.hold_space(&w),
             w.catalog.clone(),
             w.refs.counts(),
             std::mem::take(&mut w.unshared),

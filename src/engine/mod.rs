@@ -284,6 +284,12 @@ impl Shared {
         Arc::new(View::new(w.last_lsn, &w.catalog, self.views.clone()))
     }
 
+    /// Keeps every block the writer's state reaches from being deleted while the
+    /// result lives, without copying its roots (see [`View::holding`]).
+    pub(crate) fn hold_space(&self, w: &WriterState) -> View {
+        View::holding(w.last_lsn, self.views.clone())
+    }
+
     /// Makes `view` what new readers see, unless a newer one is already published.
     pub(crate) fn publish(&self, view: Arc<View>) {
         let mut p = self

@@ -49,6 +49,17 @@ impl View {
         }
     }
 
+    /// A view of no version: it only keeps what the state at `lsn` reaches from
+    /// being deleted while it lives (for a walk of roots the caller copied itself).
+    pub(crate) fn holding(lsn: Lsn, registry: Arc<ViewRegistry>) -> View {
+        registry.register(lsn);
+        View {
+            lsn,
+            versions: Vec::new(),
+            registry,
+        }
+    }
+
     /// The root of the version called `name`, if the view has one by that name.
     pub(crate) fn root(&self, name: &str) -> Option<&Option<Child>> {
         self.version(name).map(|v| &v.root)
