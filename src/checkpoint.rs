@@ -69,6 +69,9 @@ struct Frozen {
     append_fence: AppendFence,
     /// Back references the interval ended; the nodes this checkpoint writes add theirs.
     backrefs: WriteStore,
+    /// The LSN of a large transaction this checkpoint commits, which has no record
+    /// in the log (`lsn` then; the log's last LSN is the one before).
+    unlogged: Option<Lsn>,
 }
 
 /// Runs a checkpoint. `held` is the writer state when the caller already holds the
@@ -171,7 +174,6 @@ pub(crate) fn request(shared: &Shared) -> Result<()> {
 
 fn freeze(shared: &Shared, w: &mut WriterState, durable: &mut Durable) -> Result<Frozen> {
     shared.check_writable()?;
-    let generation = durable.sb.generation + 1;
     // The previous checkpoint (of epoch - 1) has finished: fold the counts of the
     // nodes it wrote into the table by address.
     w.refs.merge_written(w.epoch - 1);
@@ -195,12 +197,10 @@ fn freeze(shared: &Shared, w: &mut WriterState, durable: &mut Durable) -> Result
     }
     let append_fence = shared.segments.fence();
     let closed_gen = shared.wal.rotate()?;
-    if shared.wal.last_lsn() < w.last_lsn {
-        // A large transaction committed without a batch record: mark its LSN.
-        shared
-            .wal
-            .append_checkpoint_commit(w.last_lsn, generation)?;
-    }
+    // A large transaction committed without a batch record: its LSN is marked in the
+    // log once this checkpoint is durable (see `write`). Only a commit holding the
+    // writer lock through its checkpoint leaves the log behind (`run_holding`).
+    let unlogged = (shared.wal.last_lsn() < w.last_lsn).then_some(w.last_lsn);
     let frozen = Frozen {
         epoch: w.epoch,
         catalog: w.catalog.clone(),
@@ -212,6 +212,7 @@ fn freeze(shared: &Shared, w: &mut WriterState, durable: &mut Durable) -> Result
         next_wal_gen: closed_gen + 1,
         append_fence,
         backrefs: std::mem::take(&mut w.backrefs),
+        unlogged,
     };
     w.epoch += 1;
     w.dirty_bytes = 0;
@@ -377,6 +378,15 @@ fn write(shared: &Shared, durable: &mut Durable, mut frozen: Frozen) -> Result<u
     durable.recorded_from_mem = recorded_from_mem;
     durable.meta_bytes_last = u64::from(meta_ref.len);
     shared.wal.checkpoint_done();
+    if let Some(lsn) = frozen.unlogged {
+        // The marker tells a recovery from the other slot that this LSN was
+        // committed, by a checkpoint it cannot see, rather than letting it reopen
+        // without it. Appended only now: any sync (they take no writer lock) may write
+        // the log's buffer, and a marker durable before its superblock would make
+        // recovery from the previous one, the only one then, refuse to open. The
+        // caller holds the writer lock, so no record was appended since the freeze.
+        shared.wal.append_checkpoint_commit(lsn, generation)?;
+    }
     wal::remove_below(&*shared.vfs, previous.wal_gen)?;
     // Add the segments this generation emptied; entries deleted meanwhile (by the
     // previous checkpoint's `after_durable`, on another thread) stay deleted.

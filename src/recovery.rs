@@ -414,6 +414,9 @@ fn settle(loaded: Loaded) -> Result<Arc<Shared>> {
         .publish_synced(shared.wal.last_lsn().0)?;
     let first_live = {
         let d = lock(&shared.durable);
+        // The superblock this open trusts may be one a killed process wrote and never
+        // synced: durable before anything the other slot needs is deleted below.
+        d.sb_file.sync()?;
         d.fallback
             .map_or(d.sb.wal_gen, |f| f.wal_gen.min(d.sb.wal_gen))
     };

@@ -1,9 +1,10 @@
-//! A large transaction commits by checkpoint, with no WAL record of its own: the
-//! freeze marks its LSN with a `CheckpointCommit` record in the new WAL generation,
-//! which recovery from an older superblock refuses (it could not rebuild the
-//! transaction). So that record must never be durable before the superblock that
-//! holds the transaction: it waits in the WAL buffer, and only a later commit's sync
-//! (after the writer lock is let go, so after the superblock) writes it. A crash
+//! A large transaction commits by checkpoint, with no WAL record of its own: its LSN
+//! is marked with a `CheckpointCommit` record opening the WAL generation the
+//! checkpoint's freeze started, which recovery from an older superblock refuses (it
+//! could not rebuild the transaction). So that record must never be durable before
+//! the superblock that holds the transaction: it is appended only once that
+//! superblock is durable (any sync, which takes no writer lock, may write the log's
+//! buffer while the checkpoint runs). A crash
 //! (power loss, or a kill that keeps every write) at I/O operations spread over that
 //! commit must leave a store that opens, holding all of the transaction (if it was
 //! acknowledged) or none of it.
@@ -156,4 +157,45 @@ fn an_io_error_inside_a_large_transaction_fails_it_whole() {
         failed > 10,
         "{failed} of the injected errors failed the transaction"
     );
+}
+
+/// A `Store::sync` (an NBD flush, another thread's) while a large transaction's
+/// checkpoint is writing, then a power loss before its superblock is durable: the
+/// store opens, without the transaction. (The checkpoint-commit marker was once put
+/// in the log's buffer at the freeze, where that sync made it durable ahead of its
+/// superblock, and every later open refused the store.)
+#[test]
+fn a_sync_during_a_large_commit_cannot_make_its_marker_durable_early() {
+    let vfs = SimVfs::new();
+    let store = std::sync::Arc::new(cambium::Store::create_with(SIM_PATH, options(&vfs)).unwrap());
+    store.put(b"before", b"1").unwrap();
+    let (syncer, faulty) = (store.clone(), vfs.clone());
+    let synced = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let saw = synced.clone();
+    vfs.before_next_write_to("superblock", move || {
+        // Inside the checkpoint, its nodes and log tail written: a flush from
+        // elsewhere, then the power goes before the superblock is written.
+        saw.store(syncer.sync().is_ok(), std::sync::atomic::Ordering::SeqCst);
+        faulty.set_fail_after(Some(0));
+    });
+    let mut txn = store.begin_write().unwrap();
+    for i in 0..2_000 {
+        txn.put(&key(i), format!("value {i}").as_bytes()).unwrap();
+    }
+    assert!(txn.commit().is_err(), "its superblock write failed");
+    assert!(
+        synced.load(std::sync::atomic::Ordering::SeqCst),
+        "the sync ran inside the checkpoint and succeeded"
+    );
+    let after = vfs.crash_drop_all();
+    drop(store);
+    let store = open_sim(&after).unwrap_or_else(|e| panic!("the store must open: {e}"));
+    let read = store.read().unwrap();
+    assert_eq!(read.get(b"before").unwrap().as_deref(), Some(&b"1"[..]));
+    assert_eq!(
+        read.get(&key(0)).unwrap(),
+        None,
+        "not acknowledged, not there"
+    );
+    assert!(store.verify().unwrap().is_clean());
 }

@@ -51,7 +51,12 @@ struct Shared {
     /// What the writer published through its lock (memory only, like the page
     /// cache: a new image after a crash starts with nothing published).
     published: Mutex<Option<u64>>,
+    /// A test's code to run before the next write to the file of that name (see
+    /// [`SimVfs::before_next_write_to`]).
+    before_write: Mutex<Option<(String, WriteHook)>>,
 }
+
+type WriteHook = Box<dyn FnOnce() + Send>;
 
 #[derive(Clone, Debug)]
 enum Pending {
@@ -369,6 +374,7 @@ impl SimVfs {
             shared: Arc::new(Shared {
                 inner: Mutex::new(inner),
                 published: Mutex::new(None),
+                before_write: Mutex::new(None),
             }),
         }
     }
@@ -445,6 +451,13 @@ impl SimVfs {
         copy.read_fail_once_at = None;
         copy.gc();
         Self::from_inner(copy)
+    }
+
+    /// Runs `hook` once, just before the next write to the file named `name` (on
+    /// the writing thread, with no lock of the file system held): a test's way to
+    /// put its own operation, or a fault, at one point inside the engine's work.
+    pub fn before_next_write_to(&self, name: &str, hook: impl FnOnce() + Send + 'static) {
+        *self.shared.lock_hook() = Some((name.to_owned(), Box::new(hook)));
     }
 
     /// Whether this file system has been crashed (then every operation fails).
@@ -602,6 +615,26 @@ impl SimFile {
     fn lock_inner(&self) -> MutexGuard<'_, Inner> {
         self.shared.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Runs the write hook if it waits for this file (lock order: hook, then inner).
+    fn run_write_hook(&self) {
+        let mut hook = self.shared.lock_hook();
+        let Some((name, _)) = hook.as_ref() else {
+            return;
+        };
+        if self.lock_inner().current_ns.get(name) != Some(&self.id) {
+            return;
+        }
+        let Some((_, run)) = hook.take() else { return };
+        drop(hook);
+        run();
+    }
+}
+
+impl Shared {
+    fn lock_hook(&self) -> MutexGuard<'_, Option<(String, WriteHook)>> {
+        self.before_write.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl Drop for SimFile {
@@ -639,6 +672,7 @@ impl VFile for SimFile {
     }
 
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.run_write_hook();
         let mut inner = self.lock_inner();
         inner.mutate()?;
         inner.check_space(self.id, offset + buf.len() as u64)?;

@@ -195,8 +195,10 @@ impl Wal {
     }
 
     /// Records that `lsn` was committed by the checkpoint of superblock generation
-    /// `generation` (it has no batch record). Called at that checkpoint's freeze, after
-    /// the rotation, so the marker opens the new generation.
+    /// `generation` (it has no batch record). Called once that checkpoint's
+    /// superblock is durable (never before: any sync may write the buffer), by the
+    /// committer still holding the writer lock, so the marker opens the generation
+    /// the freeze started.
     pub(crate) fn append_checkpoint_commit(&self, lsn: Lsn, generation: u64) -> Result<()> {
         self.append(lsn, &Record::CheckpointCommit { generation })
     }
