@@ -76,9 +76,9 @@ mod commit;
 // Transactions, versions, and the checks.
 mod txn;
 
-mod versions;
-
 mod subtree_memo;
+
+mod versions;
 
 // Who references a block; the cleaner: relocation for clean, defrag and shrink.
 mod refs;

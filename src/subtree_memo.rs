@@ -19,10 +19,11 @@
 // A decoder of untrusted bytes: every index is justified where it is.
 #![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 
-use crate::engine::{Shared, SubtreeTotals};
+use crate::engine::{Shared, SubtreeTotals, WriterState};
 use crate::error::Result;
 use crate::format::{crc, put_u32, put_u64, put_u8, Addr, AddrMap, Decoder};
 use crate::sync::lock;
+use std::sync::MutexGuard;
 
 /// The file's name in the store directory.
 pub(crate) const FILE_NAME: &str = "subtree-totals";
@@ -52,19 +53,42 @@ pub(crate) fn load(shared: &Shared) {
     }
 }
 
+/// The memo, its "one parent below" flags brought up to date with the write path:
+/// cleared for the shared nodes copied since the last call (`WriterState::unshared`),
+/// every one if the write path stopped recording them. `with_writer` runs under the
+/// writer lock, where the copies are taken. The memo's lock is taken first and held
+/// on, so no other caller can read a flag taken from the writer but not yet cleared
+/// (lock order: the memo, then the writer; nothing holding the writer lock waits
+/// for the memo).
+pub(crate) fn current<'s, T>(
+    shared: &'s Shared,
+    with_writer: impl FnOnce(&mut WriterState) -> T,
+) -> (MutexGuard<'s, AddrMap<Addr, SubtreeTotals>>, T) {
+    let mut known = lock(&shared.subtree_totals);
+    let (unshared, overflowed, out) = {
+        let mut w = shared.lock_writer();
+        let unshared = std::mem::take(&mut w.unshared);
+        let overflowed = std::mem::take(&mut w.unshared_overflowed);
+        (unshared, overflowed, with_writer(&mut w))
+    };
+    if overflowed {
+        known.clear();
+    }
+    for addr in unshared {
+        if let Some(t) = known.get_mut(&addr) {
+            t.single = false;
+        }
+    }
+    (known, out)
+}
+
 /// Writes the memo to the file (a clean close). Best effort: an error leaves the old
 /// file or none, either of which is fine.
 pub(crate) fn save(shared: &Shared) -> Result<()> {
     let bytes = {
-        // Flags the write path has cleared since the last listing are cleared here
-        // too, so the file holds the state as of the last checkpoint.
-        let unshared = std::mem::take(&mut shared.lock_writer().unshared);
-        let mut known = lock(&shared.subtree_totals);
-        for addr in unshared {
-            if let Some(t) = known.get_mut(&addr) {
-                t.single = false;
-            }
-        }
+        // Up to date with the write path, so the file holds the state as of the last
+        // checkpoint.
+        let (known, ()) = current(shared, |_| ());
         if known.is_empty() {
             return Ok(());
         }
@@ -171,6 +195,34 @@ mod tests {
             assert!(!u.single);
             assert_eq!(u.bytes, m[&a].bytes);
         }
+    }
+
+    /// Copies of shared nodes past what the write path records (`UNSHARED_MAX`):
+    /// no remembered flag can be trusted, in this process or, through the file
+    /// written at close, the next.
+    #[test]
+    fn flags_are_dropped_when_the_write_path_stopped_recording_copies() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::Store::create(dir.path()).unwrap();
+        let shared = store.shared();
+        // Recorded copies clear their own flags.
+        let flagged = Addr(100);
+        lock(&shared.subtree_totals).extend(sample());
+        shared.lock_writer().unshared.push(flagged);
+        let (known, ()) = current(shared, |_| ());
+        assert!(!known[&flagged].single);
+        assert!(known[&Addr(102)].single, "others kept");
+        drop(known);
+        // Too many to record: nothing is kept, and the close saves no flag.
+        shared.lock_writer().unshared_overflowed = true;
+        save(shared).unwrap();
+        if let Ok(saved) = shared.vfs.open(FILE_NAME) {
+            let mut bytes = vec![0; saved.len().unwrap() as usize];
+            saved.read_exact_at(&mut bytes, 0).unwrap();
+            let entries = decode(&bytes, shared.durable_generation()).unwrap();
+            assert!(entries.iter().all(|(_, t)| !t.single), "a stale flag saved");
+        }
+        assert!(lock(&shared.subtree_totals).is_empty());
     }
 
     #[test]

@@ -44,7 +44,7 @@ use crate::error::{Error, Result};
 use crate::format::now_unix_ms;
 use crate::format::{Addr, AddrMap};
 use crate::options::Durability;
-use crate::sync::lock;
+use crate::subtree_memo;
 use crate::wal::{Record, VersionOp};
 use serde::Serialize;
 use std::collections::HashMap;
@@ -271,31 +271,19 @@ pub(crate) fn finish_drops(shared: &Shared) -> Result<()> {
 pub(crate) fn list(shared: &Shared) -> Result<Vec<VersionInfo>> {
     // The view keeps every block these trees reach from being deleted while the
     // walk below reads them (a clean may relocate them meanwhile).
-    let (_view, catalog, refs, unshared, overflowed) = {
-        let mut w = shared.lock_writer();
-        (
-            shared.hold_space(&w),
-            w.catalog.clone(),
-            w.refs.counts(),
-            std::mem::take(&mut w.unshared),
-            std::mem::take(&mut w.unshared_overflowed),
-        )
-    };
-    let loader = shared.loader();
     // Written subtrees never change (addresses are never reused), so their totals
     // are kept from one call to the next: a call reads only what changed since.
-    let mut known = lock(&shared.subtree_totals);
-    if known.len() > MAX_KNOWN_SUBTREES || overflowed {
+    // Copies of shared nodes since the last call gave their children another parent:
+    // below them, not every block has one parent any more, and `current` clears
+    // their flags. (No other count rises below a remembered subtree: see
+    // `WriterState::unshared`.)
+    let (mut known, (_view, catalog, refs)) = subtree_memo::current(shared, |w| {
+        (shared.hold_space(&*w), w.catalog.clone(), w.refs.counts())
+    });
+    if known.len() > MAX_KNOWN_SUBTREES {
         known.clear();
     }
-    // Copies of these shared nodes gave their children another parent since the last
-    // call: below them, not every block has one parent any more. (No other count
-    // rises below a remembered subtree: see `WriterState::unshared`.)
-    for addr in unshared {
-        if let Some(t) = known.get_mut(&addr) {
-            t.single = false;
-        }
-    }
+    let loader = shared.loader();
     let mut memo = SubtreeMemo::new();
     let mut out = Vec::with_capacity(catalog.versions.len());
     for v in &catalog.versions {
