@@ -83,8 +83,18 @@ pub struct BlockRefs {
 /// back references name written parents, so blocks reachable only through nodes not
 /// yet checkpointed are listed without parents.)
 pub(crate) fn segment_refs(shared: &Shared, segment: SegmentId) -> Result<Vec<BlockRefs>> {
+    // A segment that is not there (any id a user may type, some past what an
+    // address can hold) has no blocks.
+    if !shared.segments.contains(segment) {
+        return Ok(Vec::new());
+    }
     let lo = Addr::new(segment, 0);
-    let hi = Addr::new(SegmentId(segment.0.saturating_add(1)), 0);
+    // The last id an address can hold ends below `Addr(u64::MAX)`, the marker of
+    // a deleted segment's records.
+    let hi = match segment.0.checked_add(1).filter(|&n| u64::from(n) < 1 << 24) {
+        Some(next) => Addr::new(SegmentId(next), 0),
+        None => Addr(u64::MAX),
+    };
     let in_segment = |a: Addr| a.segment() == segment;
     // The view keeps every block these trees reach from being deleted while the
     // walk below reads them (a clean may relocate them meanwhile).
@@ -97,11 +107,7 @@ pub(crate) fn segment_refs(shared: &Shared, segment: SegmentId) -> Result<Vec<Bl
     {
         let store = lock(&shared.backrefs);
         let mut todo: Vec<Addr> = Vec::new();
-        let edges = if segment.0 == u32::MAX {
-            store.edges(lo..Addr(u64::MAX), &ws)
-        } else {
-            store.edges(lo..hi, &ws)
-        };
+        let edges = store.edges(lo..hi, &ws);
         for e in edges {
             parents.entry(e.child).or_default().insert(e.parent);
             closure.insert(e.child);

@@ -374,3 +374,63 @@ fn cleaners_started_together_take_turns() {
     let report = store.verify().unwrap();
     assert!(report.is_clean(), "{:?}", report.problems);
 }
+
+/// A data segment prepared ahead (the data stream past 3/4 of its segment) that no
+/// value reaches yet: only it may take appends, not every segment made after it. (A
+/// fence once took its id for the lowest that may grow, so nothing newer was ever
+/// deleted: each `shrink` copied the live data and freed nothing.)
+#[test]
+fn shrink_deletes_what_it_empties_while_a_data_segment_is_prepared() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = cambium::Options {
+        auto_clean_dead_percent: None,
+        ..Default::default()
+    };
+    let store = Store::create_with(dir.path().join("db"), opts).unwrap();
+    // 50 MiB of out-of-line values: the data segment passes 3/4 of its 64 MiB.
+    let mut txn = store.begin_write().unwrap();
+    for i in 0..25_000u32 {
+        txn.put(format!("big{i:07}").as_bytes(), &[7u8; 2100])
+            .unwrap();
+    }
+    txn.commit().unwrap();
+    // From now on only small values: dead leaves pile up in general segments.
+    for round in 0..4u8 {
+        let mut txn = store.begin_write().unwrap();
+        for i in 0..40_000u32 {
+            txn.put(format!("small{i:07}").as_bytes(), &[round; 300])
+                .unwrap();
+        }
+        txn.commit().unwrap();
+        store.checkpoint().unwrap();
+    }
+    let first = store.shrink().unwrap();
+    let second = store.shrink().unwrap();
+    let stats = store.stats().unwrap();
+    assert!(
+        second.footprint_after <= first.footprint_after + (1 << 20),
+        "a second shrink grew the store from {} to {} bytes",
+        first.footprint_after,
+        second.footprint_after
+    );
+    assert!(
+        stats.dead_bytes < stats.live_bytes,
+        "after two shrinks: {} live bytes, {} dead",
+        stats.live_bytes,
+        stats.dead_bytes
+    );
+    assert!(store.verify().unwrap().is_clean());
+}
+
+/// Any segment number a user may give: one that is not there has no blocks (ids
+/// past what an address holds once panicked).
+#[test]
+fn backrefs_of_a_segment_that_is_not_there_is_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::create(dir.path().join("db")).unwrap();
+    store.put(b"k", b"v").unwrap();
+    store.checkpoint().unwrap();
+    for segment in [999, 0x00FF_FFFF, 0x0100_0000, u32::MAX] {
+        assert!(store.backrefs(segment).unwrap().is_empty(), "{segment:#x}");
+    }
+}

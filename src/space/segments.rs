@@ -217,6 +217,8 @@ struct Unsynced {
 #[derive(Clone, Debug)]
 pub(crate) struct AppendFence {
     growing: [Option<SegmentId>; 2],
+    /// The data segment prepared ahead, not yet taken by the data stream.
+    prepared: Option<SegmentId>,
     next: SegmentId,
     /// Segments holding values written ahead of the transaction that will name them
     /// ([`Segments::write_values_pinned`]): not empty, whatever the usage says.
@@ -227,7 +229,10 @@ impl AppendFence {
     /// Whether an append made after the fence was taken may land in segment `id`, or
     /// one made before it may be named by a commit after it.
     pub(crate) fn may_grow(&self, id: SegmentId) -> bool {
-        id >= self.next || self.growing.contains(&Some(id)) || self.pinned.contains(&id)
+        id >= self.next
+            || self.growing.contains(&Some(id))
+            || self.prepared == Some(id)
+            || self.pinned.contains(&id)
     }
 }
 
@@ -1179,7 +1184,8 @@ impl Segments {
         let pinned = lock(&self.pins).keys().copied().collect();
         AppendFence {
             growing,
-            next: prepared.map_or(SegmentId(*next), |p| p.min(SegmentId(*next))),
+            prepared,
+            next: SegmentId(*next),
             pinned,
         }
     }
