@@ -97,6 +97,14 @@ pub struct Target<'a> {
 /// (exit 3) with a hint on how to get a writable copy.
 pub fn begin<'s>(store: &'s Store, target: Target<'_>) -> CliResult<WriteTxn<'s>> {
     let Target { dir, branch } = target;
+    // A volume's keys are block addresses and its values blocks of its size: a pair
+    // written there by hand would make a block that does not read back.
+    if cambium::volume::Volume::is_volume(store, branch)? {
+        return Err(CliError::failure(format!(
+            "{branch} is a block volume: write it over NBD (cambium serve {}) or with cambium volume import",
+            dir.display()
+        )));
+    }
     let txn = if branch == cambium::MAIN_BRANCH {
         store.begin_write()
     } else {

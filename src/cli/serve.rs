@@ -57,8 +57,15 @@ pub fn serve(
         poll_max,
         ..ServerOptions::default()
     };
-    let server = Server::bind(&listen, server_opts)
-        .map_err(|e| CliError::failure(format!("listen on {}: {e}", describe(&listen))))?;
+    let server = Server::bind(&listen, server_opts).map_err(|e| {
+        let msg = format!("listen on {}: {e}", describe(&listen));
+        match e.kind() {
+            // Not an ADDR:PORT at all (a well-formed address that cannot be used,
+            // a port taken, is exit 3).
+            std::io::ErrorKind::InvalidInput => CliError::usage(msg),
+            _ => CliError::failure(msg),
+        }
+    })?;
     let control = Control::start(dir, store.clone())?;
     let stop = server.shutdown_handle();
     let mut signals = signal_hook::iterator::Signals::new([

@@ -546,6 +546,17 @@ impl Volume {
         Ok(out)
     }
 
+    /// Whether the version `name` is a volume (or a volume's snapshot): its keys are
+    /// block addresses, written through [`Volume`] only. `false` for a version that
+    /// is not there.
+    pub fn is_volume(store: &Store, name: &str) -> Result<bool> {
+        match store.read_at(name) {
+            Ok(read) => read.contains_key(HEADER_KEY),
+            Err(Error::VersionNotFound(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The names of the volumes and volume snapshots, with whether each is a
     /// snapshot: cheap (no space accounting).
     pub fn names(store: &Store) -> Result<Vec<(String, bool)>> {
