@@ -63,6 +63,16 @@ impl Addr {
         );
         Addr((u64::from(segment.0) << OFFSET_BITS) | offset)
     }
+    /// The address just past every byte of `segment` (the next segment's first; for
+    /// the last id an address can hold, `Addr(u64::MAX)`, which is no block's).
+    pub(crate) fn end_of(segment: SegmentId) -> Addr {
+        match segment.0.checked_add(1) {
+            Some(next) if u64::from(next) < 1 << (64 - OFFSET_BITS) => {
+                Addr::new(SegmentId(next), 0)
+            }
+            _ => Addr(u64::MAX),
+        }
+    }
     pub(crate) fn segment(self) -> SegmentId {
         SegmentId(u32::try_from(self.0 >> OFFSET_BITS).expect("24 bits remain after the shift"))
     }

@@ -89,12 +89,8 @@ pub(crate) fn segment_refs(shared: &Shared, segment: SegmentId) -> Result<Vec<Bl
         return Ok(Vec::new());
     }
     let lo = Addr::new(segment, 0);
-    // The last id an address can hold ends below `Addr(u64::MAX)`, the marker of
-    // a deleted segment's records.
-    let hi = match segment.0.checked_add(1).filter(|&n| u64::from(n) < 1 << 24) {
-        Some(next) => Addr::new(SegmentId(next), 0),
-        None => Addr(u64::MAX),
-    };
+    // (`Addr(u64::MAX)`, the end of the last id, marks a deleted segment's records.)
+    let hi = Addr::end_of(segment);
     let in_segment = |a: Addr| a.segment() == segment;
     // The view keeps every block these trees reach from being deleted while the
     // walk below reads them (a clean may relocate them meanwhile).
