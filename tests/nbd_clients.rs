@@ -8,7 +8,7 @@
 
 mod cli_common;
 
-use cli_common::{ok, run, s, stderr, stdout, TestStore, BIN};
+use cli_common::{fails, ok, run, run_stdin, s, stderr, stdout, TestStore, BIN};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
@@ -1092,4 +1092,105 @@ fn an_idle_control_connection_does_not_block_shutdown() {
         exited.is_some(),
         "cambium serve still running 15 s after SIGTERM, waiting on an idle control connection"
     );
+}
+
+/// While `serve` holds the store, the key-value and space commands reach it over the
+/// control socket with their usual output and exit codes; a batch's input cut short
+/// (its command killed, or the server stopping) commits none of what it had not
+/// acknowledged.
+#[test]
+fn every_writing_command_works_while_serving() {
+    let t = TestStore::new();
+    t.create("disk", "8M");
+    let server = Server::start(&t.dir);
+
+    t.put("k", "v1");
+    assert_eq!(ok(t.run("get", &["k"])), "v1\n");
+    assert_eq!(ok(t.run("del", &["k"])), "");
+    fails(t.run("del", &["k"]), 1, &["key not found: \"k\""]);
+    fails(t.run("put", &["k", "v", "--branch", "nope"]), 1, &["nope"]);
+    fails(
+        t.run("put", &["k", "v", "--branch", "disk"]),
+        3,
+        &["block volume"],
+    );
+    assert_eq!(
+        t.run("put", &["k", "v", "--branch", "a b"]).status.code(),
+        Some(2)
+    );
+    assert_eq!(ok(run(&["--hex", "put", t.d(), "00ff", "41"])), "");
+    assert_eq!(ok(run(&["--hex", "get", t.d(), "00ff"])), "41\n");
+    fails(run(&["--hex", "del", t.d(), "0102"]), 1, &["\"0102\""]);
+
+    // batch: acknowledgements as it goes, --json, and a bad line that commits nothing.
+    let out = ok(t.batch(&["--commit-every", "2"], "put\ta\t1\nput\tb\t2\ndel\ta\n"));
+    assert_eq!(out, "committed 2\ncommitted 3\n");
+    let out = ok(run_stdin(&["--json", "batch", t.d()], b"put\tc\t3\n"));
+    assert_eq!(out, "{\"committed\":1}\n");
+    fails(t.batch(&[], "put\tx\t1\nbogus\n"), 3, &["line 2", "bogus"]);
+    assert_eq!(
+        t.scan(&[]).lines().count(),
+        3,
+        "a deleted, x never committed"
+    );
+    assert_eq!(ok(t.run("get", &["b"])), "2\n");
+    fails(t.run("get", &["x"]), 1, &[]);
+
+    // A batch whose command is killed mid-input: what it acknowledged stays, the
+    // rest is not committed as if the input had ended there.
+    let mut child = Command::new(BIN)
+        .args(["batch", t.d(), "--commit-every", "2"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut acks = BufReader::new(child.stdout.take().unwrap());
+    stdin.write_all(b"put\tk1\t1\nput\tk2\t2\n").unwrap();
+    let mut ack = String::new();
+    acks.read_line(&mut ack).unwrap();
+    assert_eq!(
+        ack, "committed 2\n",
+        "acknowledged while its input is still open"
+    );
+    stdin.write_all(b"put\tk3\t3\n").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(ok(t.run("get", &["k2"])), "2\n");
+    fails(t.run("get", &["k3"]), 1, &[]);
+
+    // Space commands run in the server.
+    assert_eq!(ok(t.run("checkpoint", &[])), "");
+    for cmd in ["clean", "defrag", "shrink"] {
+        let out = ok(run(&["--json", cmd, t.d()]));
+        let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert!(
+            report["footprint_after"].as_u64().unwrap() > 0,
+            "{cmd}: {out}"
+        );
+    }
+    assert!(ok(t.run("clean", &[])).starts_with("moved "));
+    fails(t.run("defrag", &["nope"]), 1, &["nope"]);
+
+    // The server stops while a batch is reading its input: the batch fails, commits
+    // nothing, and the server still stops cleanly.
+    let mut child = Command::new(BIN)
+        .args(["batch", t.d()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"put\tstopped\t1\n").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    server.stop_clean(&t.dir);
+    let out = child.wait_with_output().unwrap();
+    drop(stdin);
+    fails(out, 3, &["input ended before its end"]);
+    fails(t.run("get", &["stopped"]), 1, &[]);
+    assert_eq!(ok(t.run("get", &["k1"])), "1\n");
+    t.verify_clean();
 }

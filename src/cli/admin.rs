@@ -3,7 +3,7 @@
 
 use super::codec::human_bytes;
 use super::error::{output_error, CliError, CliResult, EXIT_VERIFY_PROBLEMS};
-use super::open::{create, open_read_only, open_writable};
+use super::open::{create, open_read_only};
 use super::output::{plural, print_json};
 use super::Ctx;
 use cambium::{Stats, Store, VerifyReport};
@@ -19,11 +19,8 @@ pub fn init(dir: &Path) -> CliResult {
 }
 
 /// `cambium checkpoint DIR`
-pub fn checkpoint(dir: &Path) -> CliResult {
-    let store = open_writable(dir)?;
-    store.checkpoint()?;
-    store.close()?;
-    Ok(())
+pub fn checkpoint(ctx: &Ctx, out: &mut impl Write, dir: &Path) -> CliResult {
+    super::requests::run(ctx, out, dir, super::control::Request::Checkpoint, None)
 }
 
 /// `cambium stats DIR`

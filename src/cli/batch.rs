@@ -3,34 +3,51 @@
 //! acknowledged on stdout.
 
 use super::codec::Encoding;
+use super::control::Request;
 use super::error::{exit_code_for, output_error, CliError, CliResult};
-use super::open::{begin, check_name, with_writable, Target};
+use super::open::{begin, Target};
 use super::output::spinner;
-use super::Ctx;
+use super::{requests, Ctx};
 use cambium::{check_key, Durability, Store, WriteTxn};
 use std::borrow::Cow;
 use std::io::{BufRead, Write};
 use std::path::Path;
 
-/// `cambium batch DIR [--branch B] [--commit-every N]`
+/// `cambium batch DIR [--branch B] [--commit-every N]`: the operations are read
+/// from stdin (and sent to the server, while one holds the store).
 pub fn batch(
     ctx: &Ctx,
     out: &mut impl Write,
-    input: impl BufRead,
     dir: &Path,
     branch: &str,
     commit_every: Option<u64>,
 ) -> CliResult {
-    check_name(branch)?;
-    // When the batch fails, its transaction is aborted when it is dropped and closing
-    // checkpoints only what was committed; the batch's error is the one reported.
-    with_writable(dir, |store| {
-        let pb = spinner("batch: operations applied");
-        let target = Target { dir, branch };
-        let result = run_batch(ctx, out, input, store, target, commit_every, &pb);
-        pb.finish_and_clear();
-        result
-    })
+    let request = Request::Batch {
+        branch: branch.to_owned(),
+        commit_every,
+    };
+    requests::run(ctx, out, dir, request, Some(std::io::stdin()))
+}
+
+/// Applies the batch read from `input` on an open store. When it fails, its
+/// transaction is aborted when it is dropped (closing the store checkpoints only
+/// what was committed); the batch's error is the one reported.
+pub fn batch_in(
+    ctx: &Ctx,
+    out: &mut impl Write,
+    input: impl BufRead,
+    store: &Store,
+    target: Target<'_>,
+    commit_every: Option<u64>,
+) -> CliResult {
+    let pb = if ctx.progress {
+        spinner("batch: operations applied")
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let result = run_batch(ctx, out, input, store, target, commit_every, &pb);
+    pb.finish_and_clear();
+    result
 }
 
 /// Applies every line of `input`, committing every `commit_every` operations and at

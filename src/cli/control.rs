@@ -1,16 +1,26 @@
 //! The control socket: how a command reaches the `cambium serve` that holds a store.
 //!
 //! `serve` holds the store's writer lock for as long as it runs, so a command that
-//! changes the store (`volume create`, `volume snapshot`, `snapshot`, `drop`, ...)
+//! changes the store (`put`, `batch`, `volume create`, `snapshot`, `clean`, ...)
 //! cannot open it. Instead it finds `control.sock` in the store directory and sends
-//! its request there: one line of JSON, answered by one line of JSON, on a
-//! connection of its own. The server runs the request on its open store (so a new
-//! volume or snapshot is exported at once) and the command prints the answer as if
-//! it had done the work itself, with the same output and exit code.
+//! its request there, on a connection of its own. The server runs the request on its
+//! open store (so a new volume or snapshot is exported at once) and the command
+//! prints what the server printed, with the same exit code, as if it had done the
+//! work itself.
+//!
+//! The conversation, in lines of JSON:
+//! - the client sends one [`Envelope`] line; a request that reads input (`batch`)
+//!   then sends that input in frames, each a little-endian `u32` length and that
+//!   many bytes, ended by a frame of length 0 (so input cut short by a client that
+//!   went away is told apart from input that ended, and is not committed as if whole);
+//! - the server answers with [`Answer`] lines: any number of `output` lines (what the
+//!   command prints, sent as it is printed: `batch` acknowledges each commit at once),
+//!   then `done` or `failed`.
 //!
 //! A socket file nobody answers on (a killed server's) is ignored: the command opens
 //! the store itself, and the next `serve` replaces the file.
 
+use super::codec::{from_hex, to_hex};
 use super::error::{CliError, CliResult, EXIT_USAGE};
 use super::open::check_name;
 use serde::{Deserialize, Serialize};
@@ -23,6 +33,9 @@ pub const SOCKET_NAME: &str = "control.sock";
 
 /// The longest request or answer line accepted.
 pub const MAX_LINE_BYTES: u64 = 1 << 20;
+
+/// The most input bytes a client sends in one frame.
+const MAX_FRAME_BYTES: usize = 1 << 16;
 
 /// A command, as sent to the server.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -100,6 +113,46 @@ pub enum Request {
         /// The version.
         name: String,
     },
+    /// `put`
+    Put {
+        /// The branch written.
+        branch: String,
+        /// The key.
+        #[serde(with = "hex_bytes")]
+        key: Vec<u8>,
+        /// The value.
+        #[serde(with = "hex_bytes")]
+        value: Vec<u8>,
+    },
+    /// `del`
+    Del {
+        /// The branch written.
+        branch: String,
+        /// The key.
+        #[serde(with = "hex_bytes")]
+        key: Vec<u8>,
+    },
+    /// `batch`: its input (the command's stdin) follows the request, in frames.
+    Batch {
+        /// The branch written.
+        branch: String,
+        /// `--commit-every`.
+        commit_every: Option<u64>,
+    },
+    /// `checkpoint`
+    Checkpoint,
+    /// `clean`
+    Clean {
+        /// `--until-dead-below`.
+        until_dead_below: f64,
+    },
+    /// `defrag`
+    Defrag {
+        /// The version defragmented (all of them when none is named).
+        version: Option<String>,
+    },
+    /// `shrink`
+    Shrink,
 }
 
 impl Request {
@@ -113,13 +166,23 @@ impl Request {
 
     fn names(&self) -> Vec<&str> {
         match self {
-            Request::VolumeList => vec![],
+            Request::VolumeList
+            | Request::Checkpoint
+            | Request::Clean { .. }
+            | Request::Shrink
+            | Request::Defrag { version: None } => vec![],
             Request::VolumeCreate { name, .. }
             | Request::VolumeDrop { name }
             | Request::VolumeResize { name, .. }
             | Request::VolumeImport { name, .. }
             | Request::VolumeExport { name, .. }
-            | Request::Drop { name } => vec![name],
+            | Request::Drop { name }
+            | Request::Defrag {
+                version: Some(name),
+            } => vec![name],
+            Request::Put { branch, .. }
+            | Request::Del { branch, .. }
+            | Request::Batch { branch, .. } => vec![branch],
             Request::VolumeSnapshot { volume, name } => vec![volume, name],
             Request::VolumeClone { source, name }
             | Request::Snapshot { source, name }
@@ -132,43 +195,24 @@ impl Request {
         matches!(self, Request::VolumeList | Request::VolumeExport { .. })
     }
 
-    /// What it changes, for the warning after a commit ("... and is durable").
-    pub fn describe(&self) -> String {
-        match self {
-            Request::VolumeCreate { name, .. } | Request::VolumeImport { name, .. } => {
-                format!("volume {name:?} was created")
-            }
-            Request::VolumeSnapshot { name, .. } | Request::Snapshot { name, .. } => {
-                format!("snapshot {name:?} was created")
-            }
-            Request::VolumeClone { name, .. } => format!("volume {name:?} was created"),
-            Request::Branch { name, .. } => format!("branch {name:?} was created"),
-            Request::VolumeDrop { name } | Request::Drop { name } => {
-                format!("{name:?} was dropped")
-            }
-            Request::VolumeResize { name, .. } => format!("volume {name:?} was resized"),
-            Request::VolumeList | Request::VolumeExport { .. } => String::new(),
-        }
-    }
-
-    /// Whether it changes the store.
-    pub fn changes_store(&self) -> bool {
-        !self.is_read_only()
+    /// Whether input follows the request (the command's stdin).
+    pub fn takes_input(&self) -> bool {
+        matches!(self, Request::Batch { .. })
     }
 }
 
-/// What a volume command did, as the server (or this process) reports it: the line
-/// for people, and the object for `--json`.
+/// What a catalog request did (a volume or version command): the text printed
+/// without `--json`, and the value printed with it.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Outcome {
-    /// The line printed without --json.
+    /// The text printed without --json.
     pub text: String,
     /// The JSON printed with --json.
     pub json: serde_json::Value,
 }
 
 impl Outcome {
-    /// An outcome of a line and a JSON value.
+    /// An outcome of a text and a JSON value.
     pub fn new(text: String, json: impl Serialize) -> CliResult<Outcome> {
         let json = serde_json::to_value(json).map_err(|e| CliError::failure(e.to_string()))?;
         Ok(Outcome { text, json })
@@ -180,17 +224,22 @@ impl Outcome {
 pub struct Envelope {
     /// The command's `--json`.
     pub json: bool,
+    /// The command's `--hex` (how keys and values in messages and output are shown).
+    #[serde(default)]
+    pub hex: bool,
     /// The command.
     pub request: Request,
 }
 
-/// The server's answer.
+/// A line of the server's answer.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Answer {
-    /// Done: what to print.
-    Done(Outcome),
-    /// Failed: the exit code and message the command reports.
+    /// Some of what the command prints on stdout (whole lines, as they are printed).
+    Output(String),
+    /// The request succeeded: exit 0.
+    Done,
+    /// The request failed: the exit code and message the command reports.
     Failed {
         /// The exit code.
         code: i32,
@@ -204,9 +253,16 @@ pub fn socket_path(dir: &Path) -> PathBuf {
     dir.join(SOCKET_NAME)
 }
 
-/// Sends `request` to the server holding the store in `dir`: `Ok(None)` when no
-/// server answers there (no socket file, or a stale one).
-pub fn send(dir: &Path, json: bool, request: &Request) -> CliResult<Option<Outcome>> {
+/// Sends `request` to the server holding the store in `dir`, sends `input` after it
+/// when the request takes input, and prints what the server prints to `out`:
+/// `Ok(false)` when no server answers there (no socket file, or a stale one), so the
+/// caller does the work itself.
+pub fn send(
+    dir: &Path,
+    envelope: &Envelope,
+    input: Option<Box<dyn Read + Send>>,
+    out: &mut impl Write,
+) -> CliResult<bool> {
     let path = socket_path(dir);
     let stream = match UnixStream::connect(&path) {
         Ok(s) => s,
@@ -216,7 +272,7 @@ pub fn send(dir: &Path, json: bool, request: &Request) -> CliResult<Option<Outco
                 std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
             ) =>
         {
-            return Ok(None)
+            return Ok(false)
         }
         Err(e) => {
             return Err(CliError::failure(format!(
@@ -231,33 +287,73 @@ pub fn send(dir: &Path, json: bool, request: &Request) -> CliResult<Option<Outco
             path.display()
         ))
     };
-    let envelope = Envelope {
-        json,
-        request: request.clone(),
-    };
-    let mut line =
-        serde_json::to_string(&envelope).map_err(|e| CliError::failure(e.to_string()))?;
+    let mut line = serde_json::to_string(envelope).map_err(|e| CliError::failure(e.to_string()))?;
     line.push('\n');
     (&stream).write_all(line.as_bytes()).map_err(lost)?;
-    let mut answer = String::new();
-    BufReader::new((&stream).take(MAX_LINE_BYTES))
-        .read_line(&mut answer)
-        .map_err(lost)?;
-    match serde_json::from_str::<Answer>(&answer) {
-        Ok(Answer::Done(outcome)) => Ok(Some(outcome)),
-        Ok(Answer::Failed { code, msg }) => Err(CliError::new(code, msg)),
-        Err(e) => Err(CliError::failure(format!(
-            "the server at {} answered something unreadable ({e})",
-            path.display()
-        ))),
+    if let Some(input) = input.filter(|_| envelope.request.takes_input()) {
+        // The input goes from a thread of its own, so that the server's output (which
+        // it writes while it reads: batch acknowledgements) is read meanwhile. The
+        // thread is not joined: after the final answer it may still wait on a
+        // terminal's stdin, and the process ends without it.
+        let stream = stream.try_clone().map_err(lost)?;
+        std::thread::spawn(move || send_input(input, &stream));
+    }
+    let mut answers = BufReader::new(&stream);
+    loop {
+        let mut line = String::new();
+        let read = answers
+            .by_ref()
+            .take(MAX_LINE_BYTES)
+            .read_line(&mut line)
+            .map_err(lost)?;
+        if read == 0 {
+            return Err(CliError::failure(format!(
+                "the server at {} went away before it answered (did it stop?)",
+                path.display()
+            )));
+        }
+        match serde_json::from_str::<Answer>(&line) {
+            Ok(Answer::Output(text)) => {
+                out.write_all(text.as_bytes())
+                    .and_then(|()| out.flush())
+                    .map_err(super::error::output_error)?;
+            }
+            Ok(Answer::Done) => return Ok(true),
+            Ok(Answer::Failed { code, msg }) => return Err(CliError::new(code, msg)),
+            Err(e) => {
+                return Err(CliError::failure(format!(
+                    "the server at {} answered something unreadable ({e})",
+                    path.display()
+                )))
+            }
+        }
     }
 }
 
-/// Reads one request line from a control connection (the server side). A line that
-/// is not a request is a usage error.
-pub fn read_request(stream: &UnixStream) -> Result<Envelope, Answer> {
+/// Copies `input` to the server in frames, then the end frame. When reading the input
+/// fails, no end frame is sent: the server sees input cut short and applies none of
+/// what it had not committed.
+fn send_input(mut input: Box<dyn Read + Send>, mut stream: &UnixStream) {
+    let mut buf = vec![0u8; MAX_FRAME_BYTES];
+    loop {
+        let n = match input.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        let len = u32::try_from(n).unwrap_or(0).to_le_bytes();
+        if stream.write_all(&len).is_err() || stream.write_all(&buf[..n]).is_err() || n == 0 {
+            break;
+        }
+    }
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+}
+
+/// Reads the request line of a control connection (the server side), leaving what
+/// follows it (input frames) in `conn`. A line that is not a request is a usage error.
+pub fn read_request(conn: &mut impl BufRead) -> Result<Envelope, Answer> {
     let mut line = String::new();
-    let read = BufReader::new(stream.take(MAX_LINE_BYTES)).read_line(&mut line);
+    let read = conn.take(MAX_LINE_BYTES).read_line(&mut line);
     let failed = |msg: String| Answer::Failed {
         code: EXIT_USAGE,
         msg,
@@ -269,11 +365,214 @@ pub fn read_request(stream: &UnixStream) -> Result<Envelope, Answer> {
     }
 }
 
-/// Writes an answer line (the server side); a client that went away is not an error
-/// worth more than ignoring.
-pub fn write_answer(mut stream: &UnixStream, answer: &Answer) {
-    if let Ok(mut line) = serde_json::to_string(answer) {
-        line.push('\n');
-        let _ = stream.write_all(line.as_bytes());
+/// Writes an answer line (the server side).
+pub fn write_answer(mut stream: &UnixStream, answer: &Answer) -> std::io::Result<()> {
+    let mut line = serde_json::to_string(answer).map_err(std::io::Error::other)?;
+    line.push('\n');
+    stream.write_all(line.as_bytes())
+}
+
+/// A request's input as the server reads it: the frames' bytes, ending at the end
+/// frame. Input cut short (the client went away, or the server is stopping) is an
+/// error, never an early end.
+pub struct FramedInput<R> {
+    inner: R,
+    /// Bytes left in the current frame.
+    left: usize,
+    ended: bool,
+}
+
+impl<R: BufRead> FramedInput<R> {
+    /// The input that follows the request line in `inner`.
+    pub fn new(inner: R) -> Self {
+        FramedInput {
+            inner,
+            left: 0,
+            ended: false,
+        }
+    }
+}
+
+fn cut_short() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::UnexpectedEof,
+        "the input ended before its end (the command went away, or the server is stopping)",
+    )
+}
+
+impl<R: BufRead> BufRead for FramedInput<R> {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        while self.left == 0 && !self.ended {
+            let mut len = [0u8; 4];
+            self.inner.read_exact(&mut len).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    cut_short()
+                } else {
+                    e
+                }
+            })?;
+            let len = u32::from_le_bytes(len) as usize;
+            if len > MAX_FRAME_BYTES {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("an input frame of {len} bytes (at most {MAX_FRAME_BYTES})"),
+                ));
+            }
+            self.left = len;
+            self.ended = len == 0;
+        }
+        if self.ended {
+            return Ok(&[]);
+        }
+        let left = self.left;
+        let buf = self.inner.fill_buf()?;
+        if buf.is_empty() {
+            return Err(cut_short());
+        }
+        Ok(&buf[..buf.len().min(left)])
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.inner.consume(n);
+        self.left -= n;
+    }
+}
+
+impl<R: BufRead> Read for FramedInput<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let available = self.fill_buf()?;
+        let n = available.len().min(buf.len());
+        buf[..n].copy_from_slice(&available[..n]);
+        self.consume(n);
+        Ok(n)
+    }
+}
+
+/// What a request prints, as the server sends it: each whole line as soon as it is
+/// written (a batch's acknowledgement reaches the command right after its commit),
+/// the rest at `flush`.
+pub struct AnswerWriter<'a> {
+    stream: &'a UnixStream,
+    pending: Vec<u8>,
+}
+
+impl<'a> AnswerWriter<'a> {
+    /// Output to the client on `stream`.
+    pub fn new(stream: &'a UnixStream) -> Self {
+        AnswerWriter {
+            stream,
+            pending: Vec::new(),
+        }
+    }
+
+    fn send(&mut self, upto: usize) -> std::io::Result<()> {
+        if upto == 0 {
+            return Ok(());
+        }
+        let text = String::from_utf8_lossy(&self.pending[..upto]).into_owned();
+        self.pending.drain(..upto);
+        write_answer(self.stream, &Answer::Output(text))
+    }
+}
+
+impl Write for AnswerWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.pending.extend_from_slice(buf);
+        if let Some(last) = self.pending.iter().rposition(|&b| b == b'\n') {
+            self.send(last + 1)?;
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.send(self.pending.len())
+    }
+}
+
+/// Keys and values in a request, as hex text (JSON has no bytes).
+mod hex_bytes {
+    use super::{from_hex, to_hex};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&to_hex(bytes))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(d)?;
+        from_hex(text.as_bytes()).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Frames as `send_input` writes them.
+    fn framed(chunks: &[&[u8]], end: bool) -> Vec<u8> {
+        let mut v = Vec::new();
+        for c in chunks {
+            v.extend_from_slice(&(c.len() as u32).to_le_bytes());
+            v.extend_from_slice(c);
+        }
+        if end {
+            v.extend_from_slice(&0u32.to_le_bytes());
+        }
+        v
+    }
+
+    #[test]
+    fn framed_input_reads_the_frames_up_to_the_end_frame() {
+        let bytes = framed(&[b"put\tk\tv\n", b"del", b"\tk\n"], true);
+        let mut tail = bytes.clone();
+        tail.extend_from_slice(b"not input");
+        let mut input = FramedInput::new(&tail[..]);
+        let mut all = String::new();
+        input.read_to_string(&mut all).unwrap();
+        assert_eq!(all, "put\tk\tv\ndel\tk\n");
+    }
+
+    #[test]
+    fn input_cut_short_is_an_error_not_an_end() {
+        for cut in [2, 6, 16] {
+            let bytes = framed(&[b"put\tk\tvalue\n"], true);
+            let mut input = FramedInput::new(&bytes[..cut]);
+            let err = input.read_to_end(&mut Vec::new()).unwrap_err();
+            assert_eq!(
+                err.kind(),
+                std::io::ErrorKind::UnexpectedEof,
+                "cut at {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_oversized_frame_is_refused() {
+        let mut bytes = ((MAX_FRAME_BYTES + 1) as u32).to_le_bytes().to_vec();
+        bytes.extend_from_slice(&[0; 8]);
+        let err = FramedInput::new(&bytes[..])
+            .read_to_end(&mut Vec::new())
+            .unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn keys_and_values_travel_as_hex() {
+        let request = Request::Put {
+            branch: "main".into(),
+            key: vec![0, 0xff, b'k'],
+            value: b"v\n".to_vec(),
+        };
+        let line = serde_json::to_string(&request).unwrap();
+        assert!(line.contains("\"00ff6b\""), "{line}");
+        match serde_json::from_str::<Request>(&line).unwrap() {
+            Request::Put { key, value, .. } => {
+                assert_eq!(key, vec![0, 0xff, b'k']);
+                assert_eq!(value, b"v\n");
+            }
+            other => panic!("{other:?}"),
+        }
+        let bad = line.replace("00ff6b", "0g");
+        assert!(serde_json::from_str::<Request>(&bad).is_err());
     }
 }

@@ -3,25 +3,40 @@
 use super::args::ScanArgs;
 use super::batch::{digits_per_byte, read_bounded_line};
 use super::codec::Encoding;
+use super::control::Request;
 use super::error::{output_error, CliError, CliResult};
-use super::open::{check_at, check_name, open_read_only, read_view, write_one, Target};
+use super::open::{check_at, open_read_only, read_view, write_one, Target};
 use super::output::{print_key_value, print_pair};
-use super::Ctx;
-use cambium::{check_key, prefix_successor};
+use super::{requests, Ctx};
+use cambium::{check_key, prefix_successor, Store};
 use std::io::{BufRead, Write};
 use std::ops::Bound;
 use std::path::Path;
 
 /// `cambium put DIR KEY VALUE [--branch B]`
-pub fn put(ctx: &Ctx, dir: &Path, key: &str, value: &str, branch: &str) -> CliResult {
+pub fn put(
+    ctx: &Ctx,
+    out: &mut impl Write,
+    dir: &Path,
+    key: &str,
+    value: &str,
+    branch: &str,
+) -> CliResult {
     let key = ctx.enc.decode_arg("key", key)?;
     let value = ctx.enc.decode_arg("value", value)?;
     check_key(&key)?;
-    check_name(branch)?;
-    let what = format!("the put of {} on {branch}", ctx.enc.show(&key));
-    write_one(ctx, Target { dir, branch }, &what, |txn| {
-        txn.put(&key, &value)
-    })
+    let request = Request::Put {
+        branch: branch.to_owned(),
+        key,
+        value,
+    };
+    requests::run(ctx, out, dir, request, None)
+}
+
+/// Puts one pair on an open store, in a transaction of its own.
+pub fn put_in(ctx: &Ctx, store: &Store, target: Target<'_>, key: &[u8], value: &[u8]) -> CliResult {
+    let what = format!("the put of {} on {}", ctx.enc.show(key), target.branch);
+    write_one(ctx, store, target, &what, |txn| txn.put(key, value))
 }
 
 /// `cambium get DIR KEY [--at VERSION]`
@@ -89,17 +104,26 @@ pub fn get_stdin(
 }
 
 /// `cambium del DIR KEY [--branch B]`
-pub fn del(ctx: &Ctx, dir: &Path, key: &str, branch: &str) -> CliResult {
+pub fn del(ctx: &Ctx, out: &mut impl Write, dir: &Path, key: &str, branch: &str) -> CliResult {
     let key = ctx.enc.decode_arg("key", key)?;
     check_key(&key)?;
-    check_name(branch)?;
-    let what = format!("the delete of {} on {branch}", ctx.enc.show(&key));
-    let existed = write_one(ctx, Target { dir, branch }, &what, |txn| txn.delete(&key))?;
+    let request = Request::Del {
+        branch: branch.to_owned(),
+        key,
+    };
+    requests::run(ctx, out, dir, request, None)
+}
+
+/// Deletes one key on an open store, in a transaction of its own: exit 1 when it was
+/// not there.
+pub fn del_in(ctx: &Ctx, store: &Store, target: Target<'_>, key: &[u8]) -> CliResult {
+    let what = format!("the delete of {} on {}", ctx.enc.show(key), target.branch);
+    let existed = write_one(ctx, store, target, &what, |txn| txn.delete(key))?;
     if existed {
         Ok(())
     } else {
         ctx.changed_nothing();
-        Err(key_not_found(ctx, &key))
+        Err(key_not_found(ctx, key))
     }
 }
 

@@ -35,6 +35,9 @@ pub struct Ctx {
     pub enc: Encoding,
     /// Print JSON.
     pub json: bool,
+    /// Draw progress bars and spinners on this process's stderr (a command run by
+    /// `serve` for another process does not).
+    pub progress: bool,
     /// Set once the command's whole change is committed and durable (what it is, for
     /// people): a failure after that point is reported as a warning with exit 6, not
     /// as an error that invites a retry of something already done.
@@ -42,6 +45,16 @@ pub struct Ctx {
 }
 
 impl Ctx {
+    /// The settings of a command: keys and values in hex or as text, JSON or not.
+    pub fn new(hex: bool, json: bool, progress: bool) -> Self {
+        Ctx {
+            enc: if hex { Encoding::Hex } else { Encoding::Text },
+            json,
+            progress,
+            committed: std::cell::RefCell::new(None),
+        }
+    }
+
     /// Records that the command's change is durable: `what` completes "... and is
     /// durable", e.g. `snapshot "s" was created`.
     pub fn committed(&self, what: impl Into<String>) {
@@ -55,7 +68,7 @@ impl Ctx {
     }
 
     /// A failure after the commit point becomes a warning that says the data is safe.
-    fn after_commit(&self, e: CliError) -> CliError {
+    pub fn after_commit(&self, e: CliError) -> CliError {
         let Some(what) = self.committed.borrow_mut().take() else {
             return e;
         };
@@ -103,15 +116,7 @@ pub fn run() -> i32 {
 }
 
 fn dispatch(cli: Cli) -> CliResult {
-    let ctx = Ctx {
-        enc: if cli.hex {
-            Encoding::Hex
-        } else {
-            Encoding::Text
-        },
-        json: cli.json,
-        committed: std::cell::RefCell::new(None),
-    };
+    let ctx = Ctx::new(cli.hex, cli.json, true);
     open::set_lock_wait(cli.wait);
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
@@ -122,7 +127,7 @@ fn dispatch(cli: Cli) -> CliResult {
             key,
             value,
             branch,
-        } => data::put(&ctx, dir, key, value, branch),
+        } => data::put(&ctx, &mut out, dir, key, value, branch),
         Command::Get {
             dir,
             key: Some(key),
@@ -136,18 +141,14 @@ fn dispatch(cli: Cli) -> CliResult {
             dir,
             at.as_deref(),
         ),
-        Command::Del { dir, key, branch } => data::del(&ctx, dir, key, branch),
+        Command::Del { dir, key, branch } => data::del(&ctx, &mut out, dir, key, branch),
         Command::Scan(a) => data::scan(&ctx, &mut out, a),
         Command::Batch {
             dir,
             branch,
             commit_every,
-        } => {
-            let stdin = std::io::stdin();
-            let input = std::io::BufReader::with_capacity(1 << 16, stdin.lock());
-            batch::batch(&ctx, &mut out, input, dir, branch, *commit_every)
-        }
-        Command::Checkpoint { dir } => admin::checkpoint(dir),
+        } => batch::batch(&ctx, &mut out, dir, branch, *commit_every),
+        Command::Checkpoint { dir } => admin::checkpoint(&ctx, &mut out, dir),
         Command::Stats { dir } => admin::stats(&ctx, &mut out, dir),
         Command::Verify { dir } => admin::verify(&ctx, &mut out, dir),
         Command::Snapshot { dir, source, name } => {

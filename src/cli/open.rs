@@ -68,22 +68,6 @@ fn writable() -> Options {
     }
 }
 
-/// Opens the store for writing, runs `f`, and closes the store (which checkpoints).
-/// When `f` fails its error is the one reported, and the store is still closed.
-pub fn with_writable<T>(dir: &Path, f: impl FnOnce(&Store) -> CliResult<T>) -> CliResult<T> {
-    let store = open_writable(dir)?;
-    match f(&store) {
-        Ok(v) => {
-            store.close()?;
-            Ok(v)
-        }
-        Err(e) => {
-            let _ = store.close();
-            Err(e)
-        }
-    }
-}
-
 /// Where a writing command writes.
 #[derive(Clone, Copy)]
 pub struct Target<'a> {
@@ -122,21 +106,20 @@ pub fn begin<'s>(store: &'s Store, target: Target<'_>) -> CliResult<WriteTxn<'s>
     })
 }
 
-/// Opens the store for writing, runs `f` in one transaction on the target branch,
-/// commits it and closes the store. `what` names the change for the warning a
-/// failure after the commit gets ("the put of "k" on main").
+/// Runs `f` in one transaction on the target branch and commits it. `what` names
+/// the change for the warning a failure after the commit gets ("the put of "k" on
+/// main").
 pub fn write_one<T>(
     ctx: &Ctx,
+    store: &Store,
     target: Target<'_>,
     what: &str,
     f: impl FnOnce(&mut WriteTxn) -> cambium::Result<T>,
 ) -> CliResult<T> {
-    let store = open_writable(target.dir)?;
-    let mut txn = begin(&store, target)?;
+    let mut txn = begin(store, target)?;
     let v = f(&mut txn)?;
     txn.commit()?;
     ctx.committed(format!("{what} was committed"));
-    store.close()?;
     Ok(v)
 }
 

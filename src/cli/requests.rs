@@ -1,16 +1,18 @@
-//! Commands that change the store's catalog of volumes and versions (`volume ...`,
-//! `snapshot`, `branch`, `drop`): each becomes a [`Request`], run in this process on
-//! the store or, while `cambium serve` holds the store, sent to the server over its
-//! control socket (`control.rs`) and run there, with the same output and exit code.
+//! Commands that change the store (`put`, `del`, `batch`, `volume ...`, `snapshot`,
+//! `branch`, `drop`, `checkpoint`, `clean`, `defrag`, `shrink`): each becomes a
+//! [`Request`], run in this process on the store or, while `cambium serve` holds the
+//! store, sent to the server over its control socket (`control.rs`) and run there,
+//! with the same output and exit code.
 
 use super::args::VolumeCommand;
-use super::control::{self, Outcome, Request};
+use super::codec::Encoding;
+use super::control::{self, Envelope, Outcome, Request};
 use super::error::{output_error, CliError, CliResult};
-use super::open::{open_read_only, open_writable};
+use super::open::{open_read_only, open_writable, Target};
 use super::output::print_json;
-use super::{versions, volume, Ctx};
+use super::{batch, data, space, versions, volume, Ctx};
 use cambium::{Store, VersionKind};
-use std::io::Write;
+use std::io::{BufRead, Write};
 use std::path::Path;
 
 /// `cambium volume ...`
@@ -77,7 +79,7 @@ pub fn volume(ctx: &Ctx, out: &mut impl Write, cmd: &VolumeCommand) -> CliResult
             },
         ),
     };
-    run(ctx, out, dir, request)
+    run(ctx, out, dir, request, None)
 }
 
 /// A block size argument: a power of two from 512 B to 1 MiB (exit 2 otherwise).
@@ -103,53 +105,128 @@ fn absolute(file: &Path) -> CliResult<String> {
         .ok_or_else(|| CliError::usage(format!("{} is not UTF-8", path.display())))
 }
 
-/// Runs `request` in the server that holds the store, if one does, or here.
-pub fn run(ctx: &Ctx, out: &mut impl Write, dir: &Path, request: Request) -> CliResult {
+/// Runs `request` in the server that holds the store, if one does, or here. `input`
+/// is what a request that takes input (`batch`) reads.
+pub fn run(
+    ctx: &Ctx,
+    out: &mut impl Write,
+    dir: &Path,
+    request: Request,
+    input: Option<std::io::Stdin>,
+) -> CliResult {
     request.check()?;
-    let outcome = match control::send(dir, ctx.json, &request)? {
-        Some(outcome) => outcome,
-        None if request.is_read_only() => {
-            let store = open_read_only(dir)?;
-            execute(&store, ctx.json, &request)?
-        }
-        None => {
-            let store = open_writable(dir)?;
-            match execute(&store, ctx.json, &request) {
-                Ok(outcome) => {
-                    if request.changes_store() {
-                        ctx.committed(request.describe());
-                    }
-                    store.close()?;
-                    outcome
-                }
-                Err(e) => {
-                    // The request's own error is the one to report.
-                    let _ = store.close();
-                    return Err(e);
-                }
-            }
-        }
+    let envelope = Envelope {
+        json: ctx.json,
+        hex: ctx.enc == Encoding::Hex,
+        request,
     };
+    let forwarded = input
+        .as_ref()
+        .map(|_| Box::new(std::io::stdin()) as Box<dyn std::io::Read + Send>);
+    if control::send(dir, &envelope, forwarded, out)? {
+        return Ok(());
+    }
+    let request = &envelope.request;
+    let mut input: Box<dyn BufRead> = match input {
+        Some(stdin) => Box::new(std::io::BufReader::with_capacity(1 << 16, stdin)),
+        None => Box::new(std::io::empty()),
+    };
+    if request.is_read_only() {
+        let store = open_read_only(dir)?;
+        return execute(&store, dir, ctx, request, &mut input, out);
+    }
+    let store = open_writable(dir)?;
+    match execute(&store, dir, ctx, request, &mut input, out) {
+        Ok(()) => Ok(store.close()?),
+        Err(e) => {
+            // The request's own error is the one to report.
+            let _ = store.close();
+            Err(e)
+        }
+    }
+}
+
+/// Runs a request on an open store (the store in `dir`): in this process for a
+/// command, or in `serve` for a command that reached it over the control socket.
+/// What it prints goes to `out`; a change it commits is recorded in `ctx` (so that a
+/// later failure is reported as a warning, exit 6).
+pub fn execute(
+    store: &Store,
+    dir: &Path,
+    ctx: &Ctx,
+    request: &Request,
+    input: &mut dyn BufRead,
+    out: &mut dyn Write,
+) -> CliResult {
+    let target = |branch| Target { dir, branch };
+    let mut catalog = |outcome: CliResult<Outcome>| print_outcome(ctx, request, out, outcome?);
+    match request {
+        Request::Put { branch, key, value } => data::put_in(ctx, store, target(branch), key, value),
+        Request::Del { branch, key } => data::del_in(ctx, store, target(branch), key),
+        Request::Batch {
+            branch,
+            commit_every,
+        } => batch::batch_in(
+            ctx,
+            &mut &mut *out,
+            input,
+            store,
+            target(branch),
+            *commit_every,
+        ),
+        Request::Checkpoint => Ok(store.checkpoint()?),
+        Request::Clean { until_dead_below } => space::clean_in(ctx, out, store, *until_dead_below),
+        Request::Defrag { version } => space::defrag_in(ctx, out, store, version.as_deref()),
+        Request::Shrink => space::shrink_in(ctx, out, store),
+        Request::Snapshot { source, name } => catalog(versions::make_in(
+            store,
+            ctx.json,
+            source,
+            name,
+            VersionKind::Snapshot,
+        )),
+        Request::Branch { source, name } => catalog(versions::make_in(
+            store,
+            ctx.json,
+            source,
+            name,
+            VersionKind::Branch,
+        )),
+        Request::Drop { name } => catalog(versions::drop_in(store, name)),
+        _ => catalog(volume::execute(store, request)),
+    }
+}
+
+/// Prints what a catalog request did, having recorded what it committed.
+fn print_outcome(ctx: &Ctx, request: &Request, out: &mut dyn Write, outcome: Outcome) -> CliResult {
+    if let Some(what) = describe(request) {
+        ctx.committed(what);
+    }
     if ctx.json {
-        print_json(out, &outcome.json)
+        print_json(&mut &mut *out, &outcome.json)
     } else {
         out.write_all(outcome.text.as_bytes()).map_err(output_error)
     }
 }
 
-/// Runs a request on an open store: in this process for a command, or in `serve`
-/// for a command that reached it over the control socket.
-pub fn execute(store: &Store, json: bool, request: &Request) -> CliResult<Outcome> {
-    match request {
-        Request::Snapshot { source, name } => {
-            versions::make_in(store, json, source, name, VersionKind::Snapshot)
+/// What a catalog request changes, for the warning after its commit ("... and is
+/// durable"); `None` for one that changes nothing, or records it itself.
+fn describe(request: &Request) -> Option<String> {
+    Some(match request {
+        Request::VolumeCreate { name, .. } | Request::VolumeImport { name, .. } => {
+            format!("volume {name:?} was created")
         }
-        Request::Branch { source, name } => {
-            versions::make_in(store, json, source, name, VersionKind::Branch)
+        Request::VolumeSnapshot { name, .. } | Request::Snapshot { name, .. } => {
+            format!("snapshot {name:?} was created")
         }
-        Request::Drop { name } => versions::drop_in(store, name),
-        _ => volume::execute(store, request),
-    }
+        Request::VolumeClone { name, .. } => format!("volume {name:?} was created"),
+        Request::Branch { name, .. } => format!("branch {name:?} was created"),
+        Request::VolumeDrop { name } | Request::Drop { name } => {
+            format!("{name:?} was dropped")
+        }
+        Request::VolumeResize { name, .. } => format!("volume {name:?} was resized"),
+        _ => return None,
+    })
 }
 
 /// Makes a snapshot or a branch, then prints what it made: a short line, or with
@@ -168,7 +245,7 @@ fn make(
         VersionKind::Snapshot => Request::Snapshot { source, name },
         VersionKind::Branch => Request::Branch { source, name },
     };
-    run(ctx, out, dir, request)
+    run(ctx, out, dir, request, None)
 }
 
 /// `cambium snapshot DIR SOURCE NAME`
@@ -193,5 +270,5 @@ pub fn drop(ctx: &Ctx, out: &mut impl Write, dir: &Path, name: &str) -> CliResul
     let request = Request::Drop {
         name: name.to_owned(),
     };
-    run(ctx, out, dir, request)
+    run(ctx, out, dir, request, None)
 }

@@ -214,23 +214,39 @@ fn accept_loop(
     }
 }
 
-/// Runs one control request and answers it.
+/// Runs one control request and answers it: what it prints, as it prints it, then
+/// how it ended.
 fn answer(conn: &UnixStream, store: &Store) {
-    let answer = match control::read_request(conn) {
-        Ok(envelope) => {
-            let result = envelope
-                .request
-                .check()
-                .and_then(|()| requests::execute(store, envelope.json, &envelope.request));
-            match result {
-                Ok(outcome) => Answer::Done(outcome),
-                Err(e) => Answer::Failed {
-                    code: e.code,
-                    msg: e.msg,
-                },
+    let mut reader = std::io::BufReader::new(conn);
+    let envelope = match control::read_request(&mut reader) {
+        Ok(envelope) => envelope,
+        Err(answer) => {
+            let _ = control::write_answer(conn, &answer);
+            return;
+        }
+    };
+    let request = &envelope.request;
+    if request.takes_input() {
+        // The input comes as fast as the command's producer writes it.
+        let _ = conn.set_read_timeout(None);
+    }
+    let ctx = Ctx::new(envelope.hex, envelope.json, false);
+    let mut out = control::AnswerWriter::new(conn);
+    let mut input = control::FramedInput::new(reader);
+    let result = request
+        .check()
+        .and_then(|()| requests::execute(store, store.path(), &ctx, request, &mut input, &mut out))
+        .and_then(|()| out.flush().map_err(output_error));
+    let answer = match result {
+        Ok(()) => Answer::Done,
+        Err(e) => {
+            let _ = out.flush();
+            let e = ctx.after_commit(e);
+            Answer::Failed {
+                code: e.code,
+                msg: e.msg,
             }
         }
-        Err(answer) => answer,
     };
-    control::write_answer(conn, &answer);
+    let _ = control::write_answer(conn, &answer);
 }

@@ -2,47 +2,66 @@
 //! which says who references the blocks of one segment.
 
 use super::codec::human_bytes;
+use super::control::Request;
 use super::error::{output_error, CliResult};
-use super::open::{check_at, open_read_only, with_writable};
+use super::open::{check_at, open_read_only};
 use super::output::{plural, print_json};
-use super::Ctx;
-use cambium::CleanReport;
+use super::{requests, Ctx};
+use cambium::{CleanReport, Store};
 use std::io::{IsTerminal, Write};
 use std::path::Path;
 
 /// `cambium clean DIR [--until-dead-below PCT]`
-pub fn clean(ctx: &Ctx, out: &mut impl Write, dir: &Path, dead_below: f64) -> CliResult {
-    let report = with_writable(dir, |store| {
-        with_progress("cleaning", |progress| {
-            Ok(store.clean_with_progress(dead_below, progress)?)
-        })
+pub fn clean(ctx: &Ctx, out: &mut impl Write, dir: &Path, until_dead_below: f64) -> CliResult {
+    requests::run(ctx, out, dir, Request::Clean { until_dead_below }, None)
+}
+
+/// Cleans an open store and prints what it did.
+pub fn clean_in(ctx: &Ctx, out: &mut dyn Write, store: &Store, dead_below: f64) -> CliResult {
+    let report = with_progress(ctx, "cleaning", |progress| {
+        Ok(store.clean_with_progress(dead_below, progress)?)
     })?;
     print_report(ctx, out, &report)
 }
 
 /// `cambium defrag DIR [VERSION]`
 pub fn defrag(ctx: &Ctx, out: &mut impl Write, dir: &Path, version: Option<&str>) -> CliResult {
-    check_at(version)?;
-    let report = with_writable(dir, |store| Ok(store.defrag(version)?))?;
+    let version = version.map(str::to_owned);
+    requests::run(ctx, out, dir, Request::Defrag { version }, None)
+}
+
+/// Defragments a version of an open store (or all of them) and prints what it did.
+pub fn defrag_in(
+    ctx: &Ctx,
+    out: &mut dyn Write,
+    store: &Store,
+    version: Option<&str>,
+) -> CliResult {
+    let report = store.defrag(version)?;
     print_report(ctx, out, &report)
 }
 
 /// `cambium shrink DIR`
 pub fn shrink(ctx: &Ctx, out: &mut impl Write, dir: &Path) -> CliResult {
-    let report = with_writable(dir, |store| {
-        with_progress("shrinking", |progress| {
-            Ok(store.shrink_with_progress(progress)?)
-        })
+    requests::run(ctx, out, dir, Request::Shrink, None)
+}
+
+/// Shrinks an open store and prints what it did.
+pub fn shrink_in(ctx: &Ctx, out: &mut dyn Write, store: &Store) -> CliResult {
+    let report = with_progress(ctx, "shrinking", |progress| {
+        Ok(store.shrink_with_progress(progress)?)
     })?;
     print_report(ctx, out, &report)
 }
 
-/// Runs `f` with a progress bar of bytes moved on stderr, when it is a terminal.
+/// Runs `f` with a progress bar of bytes moved on stderr, when it is a terminal (and
+/// the command runs in this process).
 fn with_progress<T>(
+    ctx: &Ctx,
     what: &str,
     f: impl FnOnce(&mut dyn FnMut(u64, u64)) -> CliResult<T>,
 ) -> CliResult<T> {
-    if !std::io::stderr().is_terminal() {
+    if !ctx.progress || !std::io::stderr().is_terminal() {
         return f(&mut |_, _| {});
     }
     let pb = indicatif::ProgressBar::new(1);
@@ -59,9 +78,9 @@ fn with_progress<T>(
     result
 }
 
-fn print_report(ctx: &Ctx, out: &mut impl Write, r: &CleanReport) -> CliResult {
+fn print_report(ctx: &Ctx, out: &mut dyn Write, r: &CleanReport) -> CliResult {
     if ctx.json {
-        return print_json(out, r);
+        return print_json(&mut &mut *out, r);
     }
     writeln!(
         out,

@@ -85,9 +85,9 @@ pub fn execute(store: &Store, request: &Request) -> CliResult<Outcome> {
             block_size,
         } => import(store, name, Path::new(file), *block_size),
         Request::VolumeExport { name, file } => export(store, name, Path::new(file)),
-        Request::Snapshot { .. } | Request::Branch { .. } | Request::Drop { .. } => Err(
-            CliError::failure("not a volume request (a bug: control::execute routes it)"),
-        ),
+        _ => Err(CliError::failure(
+            "not a volume request (a bug: requests::execute routes it)",
+        )),
     }
 }
 
