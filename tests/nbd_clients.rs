@@ -1194,3 +1194,26 @@ fn every_writing_command_works_while_serving() {
     assert_eq!(ok(t.run("get", &["k1"])), "1\n");
     t.verify_clean();
 }
+
+/// A store deep in the file system (its `control.sock` and `nbd.sock` paths longer
+/// than a socket address holds): commands work on it with no server, `serve` starts
+/// on it, and commands reach that server.
+#[test]
+fn a_store_whose_socket_paths_are_too_long_for_an_address() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("d".repeat(100)).join("store");
+    assert!(s(&dir).len() + "/control.sock".len() >= 108);
+    let d = s(&dir);
+    assert_eq!(ok(run(&["init", d])), "");
+    ok(run(&["volume", "create", d, "disk", "--size", "1M"]));
+    assert_eq!(ok(run(&["put", d, "k", "v"])), "");
+
+    let server = Server::start(&dir);
+    assert_eq!(server.sock, dir.join("nbd.sock"));
+    assert_eq!(ok(run(&["put", d, "k", "w"])), "", "through the server");
+    ok(run(&["volume", "snapshot", d, "disk", "snap"]));
+    server.stop_clean(&dir);
+    assert_eq!(ok(run(&["get", d, "k"])), "w\n");
+    let listed = ok(run(&["volume", "list", d]));
+    assert!(listed.contains("snap"), "{listed}");
+}

@@ -1,5 +1,5 @@
-//! The commands that look after a whole store: `init`, `checkpoint`, `stats` and
-//! `verify`.
+//! The commands that look after a whole store: `init`, `stats` and `verify`
+//! (`checkpoint` is a request: `requests.rs`).
 
 use super::codec::human_bytes;
 use super::error::{output_error, CliError, CliResult, EXIT_VERIFY_PROBLEMS};
@@ -16,11 +16,6 @@ pub fn init(dir: &Path) -> CliResult {
     let store = create(dir)?;
     store.close()?;
     Ok(())
-}
-
-/// `cambium checkpoint DIR`
-pub fn checkpoint(ctx: &Ctx, out: &mut impl Write, dir: &Path) -> CliResult {
-    super::requests::run(ctx, out, dir, super::control::Request::Checkpoint, None)
 }
 
 /// `cambium stats DIR`

@@ -3,31 +3,13 @@
 //! acknowledged on stdout.
 
 use super::codec::Encoding;
-use super::control::Request;
 use super::error::{exit_code_for, output_error, CliError, CliResult};
 use super::open::{begin, Target};
 use super::output::spinner;
-use super::{requests, Ctx};
+use super::Ctx;
 use cambium::{check_key, Durability, Store, WriteTxn};
 use std::borrow::Cow;
 use std::io::{BufRead, Write};
-use std::path::Path;
-
-/// `cambium batch DIR [--branch B] [--commit-every N]`: the operations are read
-/// from stdin (and sent to the server, while one holds the store).
-pub fn batch(
-    ctx: &Ctx,
-    out: &mut impl Write,
-    dir: &Path,
-    branch: &str,
-    commit_every: Option<u64>,
-) -> CliResult {
-    let request = Request::Batch {
-        branch: branch.to_owned(),
-        commit_every,
-    };
-    requests::run(ctx, out, dir, request, Some(std::io::stdin()))
-}
 
 /// Applies the batch read from `input` on an open store. When it fails, its
 /// transaction is aborted when it is dropped (closing the store checkpoints only

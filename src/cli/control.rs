@@ -264,7 +264,7 @@ pub fn send(
     out: &mut impl Write,
 ) -> CliResult<bool> {
     let path = socket_path(dir);
-    let stream = match UnixStream::connect(&path) {
+    let stream = match cambium::io::connect_unix(&path) {
         Ok(s) => s,
         Err(e)
             if matches!(

@@ -1,37 +1,17 @@
-//! The data commands on single keys and key ranges: `put`, `get`, `del` and `scan`.
+//! The data commands on single keys and key ranges: `get` and `scan`, and the work of
+//! `put` and `del` on an open store (`requests.rs` runs them here or in a server).
 
 use super::args::ScanArgs;
 use super::batch::{digits_per_byte, read_bounded_line};
 use super::codec::Encoding;
-use super::control::Request;
 use super::error::{output_error, CliError, CliResult};
 use super::open::{check_at, open_read_only, read_view, write_one, Target};
 use super::output::{print_key_value, print_pair};
-use super::{requests, Ctx};
+use super::Ctx;
 use cambium::{check_key, prefix_successor, Store};
 use std::io::{BufRead, Write};
 use std::ops::Bound;
 use std::path::Path;
-
-/// `cambium put DIR KEY VALUE [--branch B]`
-pub fn put(
-    ctx: &Ctx,
-    out: &mut impl Write,
-    dir: &Path,
-    key: &str,
-    value: &str,
-    branch: &str,
-) -> CliResult {
-    let key = ctx.enc.decode_arg("key", key)?;
-    let value = ctx.enc.decode_arg("value", value)?;
-    check_key(&key)?;
-    let request = Request::Put {
-        branch: branch.to_owned(),
-        key,
-        value,
-    };
-    requests::run(ctx, out, dir, request, None)
-}
 
 /// Puts one pair on an open store, in a transaction of its own.
 pub fn put_in(ctx: &Ctx, store: &Store, target: Target<'_>, key: &[u8], value: &[u8]) -> CliResult {
@@ -101,17 +81,6 @@ pub fn get_stdin(
         )));
     }
     Ok(())
-}
-
-/// `cambium del DIR KEY [--branch B]`
-pub fn del(ctx: &Ctx, out: &mut impl Write, dir: &Path, key: &str, branch: &str) -> CliResult {
-    let key = ctx.enc.decode_arg("key", key)?;
-    check_key(&key)?;
-    let request = Request::Del {
-        branch: branch.to_owned(),
-        key,
-    };
-    requests::run(ctx, out, dir, request, None)
 }
 
 /// Deletes one key on an open store, in a transaction of its own: exit 1 when it was

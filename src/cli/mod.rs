@@ -6,18 +6,18 @@
 //! not a store, unsupported format version, I/O), 4 `verify` found problems, 5
 //! corruption.
 
-mod admin; // init, checkpoint, stats, verify
+mod admin; // init, stats, verify
 mod args; // the command line, as clap parses it
-mod batch; // batch: operations from stdin
+mod batch; // batch: operations from stdin, applied to an open store
 mod codec; // key and value text <-> bytes; sizes and times for people
 mod control; // the control socket: commands run by a serving process
-mod data; // put, get, del, scan
+mod data; // get, scan; put and del on an open store
 mod error; // CliError and the exit codes
 mod open; // opening a store, a branch to write, a version to read
 mod output; // printing pairs, JSON, counts, the spinner
-mod requests; // catalog changes, run here or in a serving process
+mod requests; // every writing command, run here or in a serving process
 mod serve; // serve: volumes over NBD
-mod space; // clean, defrag, shrink, backrefs
+mod space; // backrefs; clean, defrag and shrink on an open store
 mod tour; // tour: the guided walk
 mod versions; // snapshot, branch, versions, drop, diff
 mod volume; // volume create, list, snapshot, clone, drop, resize, import, export
@@ -127,7 +127,7 @@ fn dispatch(cli: Cli) -> CliResult {
             key,
             value,
             branch,
-        } => data::put(&ctx, &mut out, dir, key, value, branch),
+        } => requests::put(&ctx, &mut out, dir, key, value, branch),
         Command::Get {
             dir,
             key: Some(key),
@@ -141,14 +141,14 @@ fn dispatch(cli: Cli) -> CliResult {
             dir,
             at.as_deref(),
         ),
-        Command::Del { dir, key, branch } => data::del(&ctx, &mut out, dir, key, branch),
+        Command::Del { dir, key, branch } => requests::del(&ctx, &mut out, dir, key, branch),
         Command::Scan(a) => data::scan(&ctx, &mut out, a),
         Command::Batch {
             dir,
             branch,
             commit_every,
-        } => batch::batch(&ctx, &mut out, dir, branch, *commit_every),
-        Command::Checkpoint { dir } => admin::checkpoint(&ctx, &mut out, dir),
+        } => requests::batch(&ctx, &mut out, dir, branch, *commit_every),
+        Command::Checkpoint { dir } => requests::checkpoint(&ctx, &mut out, dir),
         Command::Stats { dir } => admin::stats(&ctx, &mut out, dir),
         Command::Verify { dir } => admin::verify(&ctx, &mut out, dir),
         Command::Snapshot { dir, source, name } => {
@@ -168,9 +168,11 @@ fn dispatch(cli: Cli) -> CliResult {
         Command::Clean {
             dir,
             until_dead_below,
-        } => space::clean(&ctx, &mut out, dir, *until_dead_below),
-        Command::Defrag { dir, version } => space::defrag(&ctx, &mut out, dir, version.as_deref()),
-        Command::Shrink { dir } => space::shrink(&ctx, &mut out, dir),
+        } => requests::clean(&ctx, &mut out, dir, *until_dead_below),
+        Command::Defrag { dir, version } => {
+            requests::defrag(&ctx, &mut out, dir, version.as_deref())
+        }
+        Command::Shrink { dir } => requests::shrink(&ctx, &mut out, dir),
         Command::Backrefs { dir, segment, at } => {
             space::backrefs(&ctx, &mut out, dir, *segment, at.as_deref())
         }

@@ -11,7 +11,7 @@ use super::error::{output_error, CliError, CliResult};
 use super::open::{open_read_only, open_writable, Target};
 use super::output::print_json;
 use super::{batch, data, space, versions, volume, Ctx};
-use cambium::{Store, VersionKind};
+use cambium::{check_key, Store, VersionKind};
 use std::io::{BufRead, Write};
 use std::path::Path;
 
@@ -271,4 +271,72 @@ pub fn drop(ctx: &Ctx, out: &mut impl Write, dir: &Path, name: &str) -> CliResul
         name: name.to_owned(),
     };
     run(ctx, out, dir, request, None)
+}
+
+/// `cambium put DIR KEY VALUE [--branch B]`
+pub fn put(
+    ctx: &Ctx,
+    out: &mut impl Write,
+    dir: &Path,
+    key: &str,
+    value: &str,
+    branch: &str,
+) -> CliResult {
+    let key = ctx.enc.decode_arg("key", key)?;
+    let value = ctx.enc.decode_arg("value", value)?;
+    check_key(&key)?;
+    let request = Request::Put {
+        branch: branch.to_owned(),
+        key,
+        value,
+    };
+    run(ctx, out, dir, request, None)
+}
+
+/// `cambium del DIR KEY [--branch B]`
+pub fn del(ctx: &Ctx, out: &mut impl Write, dir: &Path, key: &str, branch: &str) -> CliResult {
+    let key = ctx.enc.decode_arg("key", key)?;
+    check_key(&key)?;
+    let request = Request::Del {
+        branch: branch.to_owned(),
+        key,
+    };
+    run(ctx, out, dir, request, None)
+}
+
+/// `cambium batch DIR [--branch B] [--commit-every N]`: the operations are read
+/// from stdin (and sent to the server, while one holds the store).
+pub fn batch(
+    ctx: &Ctx,
+    out: &mut impl Write,
+    dir: &Path,
+    branch: &str,
+    commit_every: Option<u64>,
+) -> CliResult {
+    let request = Request::Batch {
+        branch: branch.to_owned(),
+        commit_every,
+    };
+    run(ctx, out, dir, request, Some(std::io::stdin()))
+}
+
+/// `cambium checkpoint DIR`
+pub fn checkpoint(ctx: &Ctx, out: &mut impl Write, dir: &Path) -> CliResult {
+    run(ctx, out, dir, Request::Checkpoint, None)
+}
+
+/// `cambium clean DIR [--until-dead-below PCT]`
+pub fn clean(ctx: &Ctx, out: &mut impl Write, dir: &Path, until_dead_below: f64) -> CliResult {
+    run(ctx, out, dir, Request::Clean { until_dead_below }, None)
+}
+
+/// `cambium defrag DIR [VERSION]`
+pub fn defrag(ctx: &Ctx, out: &mut impl Write, dir: &Path, version: Option<&str>) -> CliResult {
+    let version = version.map(str::to_owned);
+    run(ctx, out, dir, Request::Defrag { version }, None)
+}
+
+/// `cambium shrink DIR`
+pub fn shrink(ctx: &Ctx, out: &mut impl Write, dir: &Path) -> CliResult {
+    run(ctx, out, dir, Request::Shrink, None)
 }

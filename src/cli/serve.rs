@@ -75,18 +75,26 @@ pub fn serve(
     .map_err(|e| CliError::failure(format!("installing signal handlers: {e}")))?;
     let signal_handle = signals.handle();
     let watcher = std::thread::spawn(move || {
-        if signals.forever().next().is_some() {
+        let mut received = signals.forever();
+        if received.next().is_some() {
             stop.shutdown();
+            // A second signal while stopping (a long control request, the closing
+            // checkpoint): the user insists, and the store is crash-safe, so the
+            // process ends as the signal's default action would.
+            if let Some(signal) = received.next() {
+                let _ = signal_hook::low_level::emulate_default_handler(signal);
+            }
         }
     });
     announce(ctx, out, &store, &server, &listen)?;
     let served = server.run(Arc::new(VolumeExports::new(store.clone())));
+    control.stop();
+    let served = served.map_err(|e| CliError::failure(format!("serving: {e}")));
+    // Every connection and control request has ended: nothing else uses the store.
+    let closed = served.and_then(|()| Ok(store.close()?));
     signal_handle.close();
     let _ = watcher.join();
-    control.stop();
-    served.map_err(|e| CliError::failure(format!("serving: {e}")))?;
-    // Every connection and control request has ended: nothing else uses the store.
-    Ok(store.close()?)
+    closed
 }
 
 fn describe(listen: &Listen) -> String {
@@ -152,7 +160,7 @@ impl Control {
     fn start(dir: &Path, store: Store) -> CliResult<Control> {
         let path = control::socket_path(dir);
         let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path)
+        let listener = cambium::io::bind_unix(&path)
             .map_err(|e| CliError::failure(format!("bind {}: {e}", path.display())))?;
         let stopping = Arc::new(AtomicBool::new(false));
         let requests: Arc<Mutex<Vec<Pending>>> = Arc::default();
@@ -173,7 +181,7 @@ impl Control {
     fn stop(self) {
         self.stopping.store(true, Ordering::SeqCst);
         // Wake the accept loop.
-        let _ = UnixStream::connect(&self.path);
+        let _ = cambium::io::connect_unix(&self.path);
         let _ = self.accept.join();
         let pending = std::mem::take(&mut *self.requests.lock().unwrap_or_else(|p| p.into_inner()));
         for p in &pending {
@@ -197,7 +205,12 @@ fn accept_loop(
         if stopping.load(Ordering::SeqCst) {
             return;
         }
-        let Ok(conn) = conn else { continue };
+        let Ok(conn) = conn else {
+            // Out of descriptors, say: give the requests in progress time to end
+            // rather than spin.
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        };
         let Ok(handle) = conn.try_clone() else {
             continue;
         };

@@ -1,20 +1,15 @@
-//! The commands that give space back: `clean`, `defrag`, `shrink`, and `backrefs`,
-//! which says who references the blocks of one segment.
+//! The commands that give space back, `clean`, `defrag` and `shrink`, on an open store
+//! (`requests.rs` runs them here or in a server), and `backrefs`, which says who
+//! references the blocks of one segment.
 
 use super::codec::human_bytes;
-use super::control::Request;
 use super::error::{output_error, CliResult};
 use super::open::{check_at, open_read_only};
 use super::output::{plural, print_json};
-use super::{requests, Ctx};
+use super::Ctx;
 use cambium::{CleanReport, Store};
 use std::io::{IsTerminal, Write};
 use std::path::Path;
-
-/// `cambium clean DIR [--until-dead-below PCT]`
-pub fn clean(ctx: &Ctx, out: &mut impl Write, dir: &Path, until_dead_below: f64) -> CliResult {
-    requests::run(ctx, out, dir, Request::Clean { until_dead_below }, None)
-}
 
 /// Cleans an open store and prints what it did.
 pub fn clean_in(ctx: &Ctx, out: &mut dyn Write, store: &Store, dead_below: f64) -> CliResult {
@@ -22,12 +17,6 @@ pub fn clean_in(ctx: &Ctx, out: &mut dyn Write, store: &Store, dead_below: f64) 
         Ok(store.clean_with_progress(dead_below, progress)?)
     })?;
     print_report(ctx, out, &report)
-}
-
-/// `cambium defrag DIR [VERSION]`
-pub fn defrag(ctx: &Ctx, out: &mut impl Write, dir: &Path, version: Option<&str>) -> CliResult {
-    let version = version.map(str::to_owned);
-    requests::run(ctx, out, dir, Request::Defrag { version }, None)
 }
 
 /// Defragments a version of an open store (or all of them) and prints what it did.
@@ -39,11 +28,6 @@ pub fn defrag_in(
 ) -> CliResult {
     let report = store.defrag(version)?;
     print_report(ctx, out, &report)
-}
-
-/// `cambium shrink DIR`
-pub fn shrink(ctx: &Ctx, out: &mut impl Write, dir: &Path) -> CliResult {
-    requests::run(ctx, out, dir, Request::Shrink, None)
 }
 
 /// Shrinks an open store and prints what it did.

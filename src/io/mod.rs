@@ -18,6 +18,7 @@ mod overlap;
 mod reserve;
 pub mod sim;
 mod std_vfs;
+mod unix_socket;
 
 pub use reserve::{reserve_for, RESERVE_BYTES, RESERVE_FILE, RESERVE_MIN_BYTES};
 pub(crate) use reserve::{Reserve, ReserveVfs};
@@ -26,6 +27,7 @@ pub(crate) use aligned::{AlignedBuf, DIRECT_ALIGN};
 pub use lock_file::LOCK_FILE;
 pub(crate) use overlap::{Pending as PendingSync, SyncHelper};
 pub use std_vfs::{raise_open_file_limit, StdVfs};
+pub use unix_socket::{bind_unix, connect_unix};
 
 use std::io;
 use std::sync::Arc;

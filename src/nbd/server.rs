@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::io::{self, BufReader, BufWriter};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use super::stream::Stream;
 use super::{handshake, transmission, Exports, Listen, ServerOptions};
+use crate::io::{self as os_io, connect_unix};
 
 /// Stack of a connection thread: payloads live on the heap, so little is needed.
 const CONN_STACK: usize = 512 * 1024;
@@ -103,7 +104,7 @@ impl ShutdownHandle {
         }
         // Wake the accept loop; it sees `stopping` and drops this connection.
         let _ = match &s.wake {
-            WakeAddr::Unix(p) => UnixStream::connect(p).map(drop),
+            WakeAddr::Unix(p) => connect_unix(p).map(drop),
             WakeAddr::Tcp(a) => TcpStream::connect_timeout(a, Duration::from_secs(1)).map(drop),
         };
         s.shutdown_all(Shutdown::Read);
@@ -280,7 +281,7 @@ fn bind_unix(path: &Path) -> io::Result<(Listener, WakeAddr)> {
                 format!("{} exists and is not a socket", path.display()),
             ));
         }
-        match UnixStream::connect(path) {
+        match connect_unix(path) {
             Ok(_) => {
                 return Err(io::Error::new(
                     io::ErrorKind::AddrInUse,
@@ -294,7 +295,7 @@ fn bind_unix(path: &Path) -> io::Result<(Listener, WakeAddr)> {
             Err(e) => return Err(e),
         }
     }
-    let listener = UnixListener::bind(path)?;
+    let listener = os_io::bind_unix(path)?;
     let meta = std::fs::symlink_metadata(path)?;
     let l = Listener::Unix {
         listener,
