@@ -200,3 +200,74 @@ fn verify_checks_volume_blocks_against_the_header() {
         cli_common::stdout(&out)
     );
 }
+
+/// An image on stdin (`-`) or from a pipe: the volume takes the image's length,
+/// rounded up to whole blocks (and says so); holes stay holes; an empty input makes
+/// no volume.
+#[test]
+fn import_from_stdin_and_pipes() {
+    let t = TestStore::new();
+    // 2.5 MiB and 100 bytes: data, a 1 MiB hole, data to a ragged end.
+    let mut image = vec![0u8; (5 << 19) + 100];
+    image[..1 << 20].fill(0x5A);
+    image[2 << 20..].fill(0xC3);
+    let out = ok(cli_common::run_stdin(
+        &["volume", "import", t.d(), "piped", "-"],
+        &image,
+    ));
+    assert!(
+        out.starts_with("imported the input into volume piped: ")
+            && out.contains(&format!("the image's {} bytes rounded up", image.len())),
+        "{out}"
+    );
+    let listed = t.volume_json("list", &[]);
+    let size = image.len().div_ceil(4096) * 4096;
+    assert_eq!(listed[0]["size_bytes"], size as u64);
+    let data = (1 << 20) + (image.len() - (2 << 20)).div_ceil(4096) * 4096;
+    assert_eq!(listed[0]["allocated_bytes"], data as u64);
+
+    let tmp = tempfile::tempdir().unwrap();
+    let back = tmp.path().join("back.raw");
+    ok(t.volume("export", &["piped", s(&back)]));
+    let mut expected = image.clone();
+    expected.resize(size, 0);
+    assert!(std::fs::read(&back).unwrap() == expected);
+
+    // A named pipe is read as a stream too (it has no length to stat).
+    let fifo = tmp.path().join("image.fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let writer = {
+        let (fifo, image) = (fifo.clone(), image.clone());
+        std::thread::spawn(move || std::fs::write(fifo, image).unwrap())
+    };
+    ok(t.volume("import", &["fifo", s(&fifo), "--block-size", "64K"]));
+    writer.join().unwrap();
+    let back2 = tmp.path().join("back2.raw");
+    ok(t.volume("export", &["fifo", s(&back2)]));
+    let mut expected = image.clone();
+    expected.resize(image.len().div_ceil(65536) * 65536, 0);
+    assert!(std::fs::read(&back2).unwrap() == expected);
+
+    fails(
+        cli_common::run_stdin(&["volume", "import", t.d(), "empty", "-"], b""),
+        3,
+        &["the input is empty"],
+    );
+    let names: Vec<String> = t
+        .volume_json("list", &[])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        names,
+        ["piped", "fifo"],
+        "no volume left by the empty import"
+    );
+    assert!(ok(t.run("verify", &[])).contains("clean"));
+}

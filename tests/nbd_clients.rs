@@ -1161,6 +1161,24 @@ fn every_writing_command_works_while_serving() {
     assert_eq!(ok(t.run("get", &["k2"])), "2\n");
     fails(t.run("get", &["k3"]), 1, &[]);
 
+    // An image on stdin goes to the server with the request, and is exported at once.
+    let image: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let out = ok(run_stdin(
+        &["volume", "import", t.d(), "streamed", "-"],
+        &image,
+    ));
+    assert!(
+        out.starts_with("imported the input into volume streamed: "),
+        "{out}"
+    );
+    assert_eq!(listed_names(&server.sock), ["disk", "streamed"]);
+    let mut pad = image.clone();
+    pad.resize(image.len().div_ceil(4096) * 4096, 0);
+    let tmp = tempfile::tempdir().unwrap();
+    let back = tmp.path().join("back.raw");
+    ok(run(&["volume", "export", t.d(), "streamed", s(&back)]));
+    assert!(std::fs::read(&back).unwrap() == pad);
+
     // Space commands run in the server.
     assert_eq!(ok(t.run("checkpoint", &[])), "");
     for cmd in ["clean", "defrag", "shrink"] {
@@ -1216,4 +1234,211 @@ fn a_store_whose_socket_paths_are_too_long_for_an_address() {
     assert_eq!(ok(run(&["get", d, "k"])), "w\n");
     let listed = ok(run(&["volume", "list", d]));
     assert!(listed.contains("snap"), "{listed}");
+}
+
+/// An idle `cambium batch` (waiting on its stdin) run by the server must not stall
+/// NBD writes, nor keep SIGTERM from stopping the server.
+#[test]
+fn an_idle_batch_does_not_stall_nbd_writes_or_shutdown() {
+    let t = TestStore::new();
+    t.create("disk", "1M");
+    let mut server = Server::start(&t.dir);
+    // A batch whose producer has not written anything yet (a terminal, a slow pipe).
+    let _batch = Background(
+        Command::new(BIN)
+            .args(["batch", t.d()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let sock = server.sock.clone();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let (mut c, _, _) = go(&sock, "disk");
+        c.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        let _ = tx.send(raw_write(&mut c, 1, 0, &[7u8; 4096]));
+    });
+    let answered = rx.recv_timeout(Duration::from_secs(5));
+    assert!(Command::new("kill")
+        .args(["-TERM", &server.pid()])
+        .status()
+        .unwrap()
+        .success());
+    let exited = server.wait_for_exit(Duration::from_secs(25));
+    assert!(
+        answered.is_ok() && exited.is_some(),
+        "NBD write answered within 5 s: {}; serve exited within 25 s of SIGTERM: {}",
+        answered.is_ok(),
+        exited.is_some()
+    );
+    assert!(
+        exited.is_some(),
+        "serve did not stop within 25 s of SIGTERM (NBD drain waits on the writer lock the batch holds)"
+    );
+}
+
+/// `batch --commit-every` whose stdout reader goes away: in-process this is exit 3
+/// ("committed N ..., then could not acknowledge them; the rest of the input was not
+/// applied"); through the server it must be the same, not a silent exit 0.
+#[test]
+fn batch_whose_reader_goes_away_exits_the_same_through_the_server() {
+    fn reader_gone(dir: &Path, tag: &str) -> (Option<i32>, String) {
+        let mut child = Command::new(BIN)
+            .args(["batch", s(dir), "--commit-every", "1"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let mut acks = BufReader::new(child.stdout.take().unwrap());
+        stdin
+            .write_all(format!("put\t{tag}1\t1\n").as_bytes())
+            .unwrap();
+        let mut ack = String::new();
+        acks.read_line(&mut ack).unwrap();
+        assert_eq!(ack, "committed 1\n");
+        drop(acks); // like `| head -1`
+        let _ = stdin.write_all(format!("put\t{tag}2\t2\n").as_bytes());
+        std::thread::sleep(Duration::from_millis(500));
+        let _ = stdin.write_all(format!("put\t{tag}3\t3\n").as_bytes());
+        drop(stdin);
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        (child.wait().unwrap().code(), err)
+    }
+    let t = TestStore::new();
+    t.create("disk", "1M");
+    let (code, err) = reader_gone(&t.dir, "a");
+    assert_eq!(code, Some(3), "in-process: {err}");
+    assert!(err.contains("could not acknowledge"), "{err}");
+    let server = Server::start(&t.dir);
+    let (code, err) = reader_gone(&t.dir, "b");
+    drop(server); // SIGKILL: crash-safe
+    assert_eq!(
+        ok(t.run("get", &["b2"])),
+        "2\n",
+        "b2 was committed and acknowledged"
+    );
+    fails(t.run("get", &["b3"]), 1, &[]); // the rest was not applied
+    assert_eq!(
+        code,
+        Some(3),
+        "through the server: exit {code:?}, stderr {err:?} (the rest of the input was not applied)"
+    );
+}
+
+/// A committed change whose output cannot be written is exit 6 ("durable, do not
+/// retry") in-process; through the server it must be too.
+#[test]
+fn output_failure_after_a_commit_is_exit_6_through_the_server() {
+    fn to_full(args: &[&str], input: Option<&[u8]>) -> (Option<i32>, String) {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .stdin(if input.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(std::fs::File::create("/dev/full").unwrap())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        if let Some(input) = input {
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(input).unwrap();
+        }
+        let out = child.wait_with_output().unwrap();
+        (out.status.code(), stderr(&out))
+    }
+    let t = TestStore::new();
+    t.create("disk", "1M");
+    let (code, err) = to_full(&["snapshot", t.d(), "main", "s1"], None);
+    assert_eq!(code, Some(6), "in-process snapshot: {err}");
+    let (code, err) = to_full(&["batch", t.d()], Some(b"put\tk1\tv\n"));
+    assert_eq!(code, Some(6), "in-process batch: {err}");
+    let server = Server::start(&t.dir);
+    let snap = to_full(&["snapshot", t.d(), "main", "s2"], None);
+    let batch = to_full(&["batch", t.d()], Some(b"put\tk2\tv\n"));
+    drop(server);
+    eprintln!("through the server: snapshot {snap:?}; batch {batch:?}");
+    assert_eq!(snap.0, Some(6), "snapshot through the server: {}", snap.1);
+    assert_eq!(batch.0, Some(6), "batch through the server: {}", batch.1);
+}
+
+/// A control client that stops reading its answers (a stopped `cambium batch`, a
+/// stdout nobody reads) must not keep the server from stopping on SIGTERM.
+#[test]
+fn a_control_client_that_does_not_read_does_not_block_shutdown() {
+    let t = TestStore::new();
+    t.create("disk", "1M");
+    let mut server = Server::start(&t.dir);
+    let mut c = UnixStream::connect(t.dir.join("control.sock")).unwrap();
+    c.write_all(
+        b"{\"json\":false,\"hex\":false,\"request\":{\"op\":\"batch\",\"branch\":\"main\",\"commit_every\":1}}\n",
+    )
+    .unwrap();
+    let mut input = Vec::new();
+    for i in 0..3000 {
+        input.extend_from_slice(format!("put\tk{i}\tv\n").as_bytes());
+    }
+    for chunk in input.chunks(60000) {
+        c.write_all(&(chunk.len() as u32).to_le_bytes()).unwrap();
+        c.write_all(chunk).unwrap();
+    }
+    c.write_all(&0u32.to_le_bytes()).unwrap();
+    // Let the server fill the socket with acknowledgements nobody reads.
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(Command::new("kill")
+        .args(["-TERM", &server.pid()])
+        .status()
+        .unwrap()
+        .success());
+    let exited = server.wait_for_exit(Duration::from_secs(20));
+    drop(c);
+    assert!(
+        exited.is_some(),
+        "serve did not stop within 20 s of SIGTERM: blocked writing to a control client"
+    );
+}
+
+/// `--wait` waits for the writer; when the writer is (or becomes) a server, the
+/// command should reach it, not wait for a lock the server never gives back.
+/// (control.sock is moved away briefly to stand for the window in which `serve`
+/// holds the lock but has not bound the socket yet: its recovery.)
+#[test]
+fn wait_reaches_a_server_whose_socket_appears_while_waiting() {
+    let t = TestStore::new();
+    t.create("disk", "1M");
+    let server = Server::start(&t.dir);
+    let sock = t.dir.join("control.sock");
+    let away = t.dir.join("control.sock.away");
+    std::fs::rename(&sock, &away).unwrap();
+    let child = Command::new(BIN)
+        .args(["--wait=6", "put", t.d(), "k", "v"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    std::fs::rename(&away, &sock).unwrap();
+    let started = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    drop(server);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "after {:?}: {}",
+        started.elapsed(),
+        stderr(&out)
+    );
 }

@@ -346,13 +346,14 @@ pub enum VolumeCommand {
         #[arg(long, value_name = "SIZE", value_parser = parse_size)]
         size: u64,
     },
-    /// Make a new volume NAME from a raw image FILE; zero blocks stay holes.
+    /// Make a new volume NAME from a raw image FILE; zero blocks stay holes. The
+    /// volume's size is the image's, rounded up to whole blocks.
     Import {
         /// The store directory.
         dir: PathBuf,
         /// The new volume's name.
         name: String,
-        /// The raw image.
+        /// The raw image: a file, `-` for stdin, or a pipe (e.g. `<(xz -dc img.xz)`).
         file: PathBuf,
         /// The block size.
         #[arg(long, value_name = "SIZE", default_value = "4K", value_parser = parse_size)]

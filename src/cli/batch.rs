@@ -9,11 +9,16 @@ use super::output::spinner;
 use super::Ctx;
 use cambium::{check_key, Durability, Store, WriteTxn};
 use std::borrow::Cow;
-use std::io::{BufRead, Write};
+use std::io::{BufRead, Read, Seek, Write};
 
 /// Applies the batch read from `input` on an open store. When it fails, its
 /// transaction is aborted when it is dropped (closing the store checkpoints only
 /// what was committed); the batch's error is the one reported.
+///
+/// With `spool`, each group of operations that one transaction commits is read in
+/// full before the transaction begins: `serve` does so, because a transaction holds
+/// the store's writer lock, which every volume write waits for, and a batch's input
+/// comes at its producer's pace (a terminal, `tail -f`, a suspended command).
 pub fn batch_in(
     ctx: &Ctx,
     out: &mut impl Write,
@@ -21,19 +26,22 @@ pub fn batch_in(
     store: &Store,
     target: Target<'_>,
     commit_every: Option<u64>,
+    spool: bool,
 ) -> CliResult {
-    let pb = if ctx.progress {
+    let pb = if ctx.local {
         spinner("batch: operations applied")
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let result = run_batch(ctx, out, input, store, target, commit_every, &pb);
+    let spool = spool.then(|| Spool::new(store.path()));
+    let result = run_batch(ctx, out, input, store, target, commit_every, spool, &pb);
     pb.finish_and_clear();
     result
 }
 
 /// Applies every line of `input`, committing every `commit_every` operations and at
 /// the end (an empty batch commits, and says so, too).
+#[allow(clippy::too_many_arguments)]
 fn run_batch(
     ctx: &Ctx,
     out: &mut impl Write,
@@ -41,51 +49,209 @@ fn run_batch(
     store: &Store,
     target: Target<'_>,
     commit_every: Option<u64>,
+    mut spool: Option<Spool>,
     pb: &indicatif::ProgressBar,
 ) -> CliResult {
-    let mut txn = begin_immediate(store, target)?;
-    let (mut total, mut pending, mut printed) = (0u64, 0u64, false);
+    let (mut total, mut printed) = (0u64, false);
     let mut line_no: u64 = 1;
     let mut buf = Vec::new();
-    while let Some(line) = next_line(&mut input, &mut buf, ctx.enc, line_no)? {
-        let this = line_no;
-        line_no += 1;
+    loop {
+        let (txn, applied, ended) = match &mut spool {
+            None => {
+                let mut txn = begin_immediate(store, target)?;
+                let (applied, ended) = apply_lines(
+                    &mut txn,
+                    ctx.enc,
+                    &mut input,
+                    &mut buf,
+                    &mut line_no,
+                    commit_every,
+                    pb,
+                )?;
+                (txn, applied, ended)
+            }
+            Some(spool) => {
+                let first = line_no;
+                let ended =
+                    spool.fill(&mut input, ctx.enc, &mut buf, &mut line_no, commit_every)?;
+                let mut txn = begin_immediate(store, target)?;
+                let mut no = first;
+                let mut group = spool.reader()?;
+                let (applied, _) =
+                    apply_lines(&mut txn, ctx.enc, &mut group, &mut buf, &mut no, None, pb)?;
+                (txn, applied, ended)
+            }
+        };
+        total += applied;
+        if ended {
+            if applied > 0 || !printed {
+                txn.commit()?;
+                ctx.committed(format!("the batch (committed {total}) was committed"));
+                print_committed(ctx, out, total)?;
+            } else {
+                // The input ended on a commit boundary: all of it is acknowledged
+                // already (the transaction begun for more is dropped unused).
+                ctx.committed(format!("the batch (committed {total}) was committed"));
+            }
+            return Ok(());
+        }
+        txn.commit()?;
+        // The rest of the input is not applied when an acknowledgement cannot be
+        // given: say so (even for a closed pipe), and what is durable.
+        print_committed(ctx, out, total).map_err(|e| {
+            let why = if e.msg.is_empty() {
+                "the reader of the output went away".to_owned()
+            } else {
+                e.msg
+            };
+            CliError::failure(format!(
+                "committed {total} operations (durable), then could not acknowledge \
+                 them ({why}); the rest of the input was not applied"
+            ))
+        })?;
+        printed = true;
+    }
+}
+
+/// Applies the lines of `input` (numbered from `line_no`) to `txn` until `limit`
+/// operations are applied or the input ends; the operations applied, and whether
+/// the input ended.
+fn apply_lines(
+    txn: &mut WriteTxn,
+    enc: Encoding,
+    input: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    line_no: &mut u64,
+    limit: Option<u64>,
+    pb: &indicatif::ProgressBar,
+) -> CliResult<(u64, bool)> {
+    let mut applied = 0u64;
+    while limit.is_none_or(|n| applied < n) {
+        let Some(line) = next_line(input, buf, enc, *line_no)? else {
+            return Ok((applied, true));
+        };
+        let this = *line_no;
+        *line_no += 1;
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        apply_line(&mut txn, ctx.enc, line, this)?;
-        total += 1;
-        pending += 1;
+        apply_line(txn, enc, line, this)?;
+        applied += 1;
         pb.inc(1);
-        if commit_every.is_some_and(|n| pending >= n) {
-            txn.commit()?;
-            pending = 0;
-            // The rest of the input is not applied when an acknowledgement cannot be
-            // given: say so (even for a closed pipe), and what is durable.
-            print_committed(ctx, out, total).map_err(|e| {
-                let why = if e.msg.is_empty() {
-                    "the reader of the output went away".to_owned()
-                } else {
-                    e.msg
-                };
-                CliError::failure(format!(
-                    "committed {total} operations (durable), then could not acknowledge \
-                     them ({why}); the rest of the input was not applied"
-                ))
-            })?;
-            printed = true;
-            txn = begin_immediate(store, target)?;
+    }
+    Ok((applied, false))
+}
+
+/// The most bytes of a group [`Spool`] keeps in memory; the rest goes to a file.
+const SPOOL_MEMORY_BYTES: usize = 64 << 20;
+
+/// A group of batch lines read ahead of its transaction (`batch_in`): in memory, and
+/// past [`SPOOL_MEMORY_BYTES`] in an unnamed file in the store directory (on the
+/// store's file system, which has room for what the batch will write anyway).
+struct Spool {
+    dir: std::path::PathBuf,
+    memory: Vec<u8>,
+    file: Option<std::fs::File>,
+    file_len: u64,
+}
+
+impl Spool {
+    fn new(dir: &std::path::Path) -> Spool {
+        Spool {
+            dir: dir.to_path_buf(),
+            memory: Vec::new(),
+            file: None,
+            file_len: 0,
         }
     }
-    if pending > 0 || !printed {
-        txn.commit()?;
-        ctx.committed(format!("the batch (committed {total}) was committed"));
-        print_committed(ctx, out, total)?;
-    } else {
-        // The input ended on a commit boundary: all of it is acknowledged already.
-        ctx.committed(format!("the batch (committed {total}) was committed"));
+
+    /// Reads the next group of `input` (up to `limit` operations, blank lines kept so
+    /// that line numbers still match) in place of the last one; whether the input
+    /// ended. A line too long to be valid is refused here, as it would be when
+    /// applied.
+    fn fill(
+        &mut self,
+        input: &mut impl BufRead,
+        enc: Encoding,
+        buf: &mut Vec<u8>,
+        line_no: &mut u64,
+        limit: Option<u64>,
+    ) -> CliResult<bool> {
+        self.memory.clear();
+        self.file_len = 0;
+        let mut ops = 0u64;
+        while limit.is_none_or(|n| ops < n) {
+            let Some(line) = next_line(input, buf, enc, *line_no)? else {
+                return Ok(true);
+            };
+            *line_no += 1;
+            if !line.iter().all(u8::is_ascii_whitespace) {
+                ops += 1;
+            }
+            self.push(line)?;
+        }
+        Ok(false)
     }
-    Ok(())
+
+    /// Appends `line` and a line ending.
+    fn push(&mut self, line: &[u8]) -> CliResult {
+        if self.file.is_none() && self.memory.len() + line.len() < SPOOL_MEMORY_BYTES {
+            self.memory.extend_from_slice(line);
+            self.memory.push(b'\n');
+            return Ok(());
+        }
+        let file = match &mut self.file {
+            Some(f) => f,
+            none => none.insert(unnamed_file(&self.dir).map_err(spool_error)?),
+        };
+        use std::os::unix::fs::FileExt;
+        file.write_all_at(line, self.file_len)
+            .and_then(|()| file.write_all_at(b"\n", self.file_len + line.len() as u64))
+            .map_err(spool_error)?;
+        self.file_len += line.len() as u64 + 1;
+        Ok(())
+    }
+
+    /// The group, to be read from its start.
+    fn reader(&mut self) -> CliResult<impl BufRead + '_> {
+        let rest: Box<dyn BufRead + '_> = match &mut self.file {
+            Some(f) => {
+                f.seek(std::io::SeekFrom::Start(0)).map_err(spool_error)?;
+                let part = (&*f).take(self.file_len);
+                Box::new(std::io::BufReader::with_capacity(1 << 16, part))
+            }
+            None => Box::new(std::io::empty()),
+        };
+        Ok(self.memory.as_slice().chain(rest))
+    }
+}
+
+/// A file in `dir` that has no name (`O_TMPFILE`; where the file system cannot, one
+/// made and unlinked at once): it goes with its last descriptor.
+fn unnamed_file(dir: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let unnamed = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_TMPFILE)
+        .open(dir);
+    if let Ok(file) = unnamed {
+        return Ok(file);
+    }
+    let path = dir.join(format!(".batch-spool-{}", std::process::id()));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)?;
+    std::fs::remove_file(&path)?;
+    Ok(file)
+}
+
+fn spool_error(e: std::io::Error) -> CliError {
+    CliError::failure(format!("holding the batch's input: {e}"))
 }
 
 /// A write transaction whose commits are durable before they return, so that an

@@ -21,8 +21,10 @@
 //! the store itself, and the next `serve` replaces the file.
 
 use super::codec::{from_hex, to_hex};
-use super::error::{CliError, CliResult, EXIT_USAGE};
+use super::error::{output_error, CliError, CliResult, EXIT_USAGE};
 use super::open::check_name;
+use super::Ctx;
+use cambium::io as crate_io;
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -82,8 +84,10 @@ pub enum Request {
     VolumeImport {
         /// The new volume.
         name: String,
-        /// The raw image (an absolute path: the server has its own working directory).
-        file: String,
+        /// The raw image, a regular file (an absolute path: the server has its own
+        /// working directory); `None` when the image is the request's input (stdin,
+        /// a pipe: read by the command and sent after the request).
+        file: Option<String>,
         /// The block size.
         block_size: u32,
     },
@@ -197,7 +201,10 @@ impl Request {
 
     /// Whether input follows the request (the command's stdin).
     pub fn takes_input(&self) -> bool {
-        matches!(self, Request::Batch { .. })
+        matches!(
+            self,
+            Request::Batch { .. } | Request::VolumeImport { file: None, .. }
+        )
     }
 }
 
@@ -227,6 +234,9 @@ pub struct Envelope {
     /// The command's `--hex` (how keys and values in messages and output are shown).
     #[serde(default)]
     pub hex: bool,
+    /// The store directory as the command was given it (for messages that name it).
+    #[serde(default)]
+    pub dir: Option<String>,
     /// The command.
     pub request: Request,
 }
@@ -237,6 +247,10 @@ pub struct Envelope {
 pub enum Answer {
     /// Some of what the command prints on stdout (whole lines, as they are printed).
     Output(String),
+    /// What the request has made durable so far (`None`: nothing after all), so that
+    /// the command reports a failure of its own afterwards (writing what the server
+    /// sent) as a warning, exit 6, as it would have run in-process.
+    Committed(Option<String>),
     /// The request succeeded: exit 0.
     Done,
     /// The request failed: the exit code and message the command reports.
@@ -254,17 +268,19 @@ pub fn socket_path(dir: &Path) -> PathBuf {
 }
 
 /// Sends `request` to the server holding the store in `dir`, sends `input` after it
-/// when the request takes input, and prints what the server prints to `out`:
-/// `Ok(false)` when no server answers there (no socket file, or a stale one), so the
-/// caller does the work itself.
+/// when the request takes input (taking it), and prints what the server prints to
+/// `out`: `Ok(false)` when no server answers there (no socket file, or a stale one),
+/// so the caller does the work itself (with `input` still there). What the server
+/// reports committed is recorded in `ctx`, as the command's own commits are.
 pub fn send(
+    ctx: &Ctx,
     dir: &Path,
     envelope: &Envelope,
-    input: Option<Box<dyn Read + Send>>,
+    input: &mut Option<Box<dyn Read + Send>>,
     out: &mut impl Write,
 ) -> CliResult<bool> {
     let path = socket_path(dir);
-    let stream = match cambium::io::connect_unix(&path) {
+    let stream = match crate_io::connect_unix(&path) {
         Ok(s) => s,
         Err(e)
             if matches!(
@@ -290,7 +306,7 @@ pub fn send(
     let mut line = serde_json::to_string(envelope).map_err(|e| CliError::failure(e.to_string()))?;
     line.push('\n');
     (&stream).write_all(line.as_bytes()).map_err(lost)?;
-    if let Some(input) = input.filter(|_| envelope.request.takes_input()) {
+    if let Some(input) = input.take().filter(|_| envelope.request.takes_input()) {
         // The input goes from a thread of its own, so that the server's output (which
         // it writes while it reads: batch acknowledgements) is read meanwhile. The
         // thread is not joined: after the final answer it may still wait on a
@@ -298,6 +314,9 @@ pub fn send(
         let stream = stream.try_clone().map_err(lost)?;
         std::thread::spawn(move || send_input(input, &stream));
     }
+    // Set once writing the output failed: nothing more is printed, and what is still
+    // to come is read only for how the request ended.
+    let mut output_failed: Option<(CliError, String)> = None;
     let mut answers = BufReader::new(&stream);
     loop {
         let mut line = String::new();
@@ -307,19 +326,55 @@ pub fn send(
             .read_line(&mut line)
             .map_err(lost)?;
         if read == 0 {
-            return Err(CliError::failure(format!(
-                "the server at {} went away before it answered (did it stop?)",
-                path.display()
-            )));
+            return Err(output_failed.map_or_else(
+                || {
+                    CliError::failure(format!(
+                        "the server at {} went away before it answered (did it stop?)",
+                        path.display()
+                    ))
+                },
+                |(e, _)| e,
+            ));
         }
         match serde_json::from_str::<Answer>(&line) {
             Ok(Answer::Output(text)) => {
-                out.write_all(text.as_bytes())
-                    .and_then(|()| out.flush())
-                    .map_err(super::error::output_error)?;
+                if output_failed.is_some() {
+                    continue;
+                }
+                if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+                    // As in-process: a batch stops at an acknowledgement it cannot give
+                    // (its input is cut off, so the server commits nothing more).
+                    if envelope.request.takes_input() {
+                        let _ = stream.shutdown(std::net::Shutdown::Write);
+                    }
+                    output_failed = Some((output_error(e), text));
+                }
             }
-            Ok(Answer::Done) => return Ok(true),
-            Ok(Answer::Failed { code, msg }) => return Err(CliError::new(code, msg)),
+            Ok(Answer::Committed(Some(what))) => ctx.committed(what),
+            Ok(Answer::Committed(None)) => ctx.changed_nothing(),
+            Ok(Answer::Done) => {
+                return match output_failed {
+                    None => Ok(true),
+                    Some((e, _)) => Err(e),
+                }
+            }
+            Ok(Answer::Failed { code, msg }) => {
+                return Err(match output_failed {
+                    Some((e, text))
+                        if matches!(envelope.request, Request::Batch { .. })
+                            && !ctx.has_committed() =>
+                    {
+                        unacknowledged(e, &text)
+                    }
+                    Some((e, _)) => e,
+                    None => {
+                        // The server's message is whole already (a failure after a
+                        // commit is its warning, exit 6).
+                        ctx.changed_nothing();
+                        CliError::new(code, msg)
+                    }
+                });
+            }
             Err(e) => {
                 return Err(CliError::failure(format!(
                     "the server at {} answered something unreadable ({e})",
@@ -327,6 +382,31 @@ pub fn send(
                 )))
             }
         }
+    }
+}
+
+/// A batch whose acknowledgement `ack` could not be written (`e`), which then
+/// stopped: what the command says in-process.
+fn unacknowledged(e: CliError, ack: &str) -> CliError {
+    let why = if e.msg.is_empty() {
+        "the reader of the output went away".to_owned()
+    } else {
+        e.msg
+    };
+    // `committed N` or `{"committed":N}`: the last such line written.
+    let total = ack
+        .lines()
+        .filter_map(|l| {
+            let digits: String = l.chars().filter(char::is_ascii_digit).collect();
+            digits.parse::<u64>().ok()
+        })
+        .next_back();
+    match total {
+        Some(total) => CliError::failure(format!(
+            "committed {total} operations (durable), then could not acknowledge them \
+             ({why}); the rest of the input was not applied"
+        )),
+        None => CliError::failure(why),
     }
 }
 

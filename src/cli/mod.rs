@@ -35,35 +35,62 @@ pub struct Ctx {
     pub enc: Encoding,
     /// Print JSON.
     pub json: bool,
-    /// Draw progress bars and spinners on this process's stderr (a command run by
-    /// `serve` for another process does not).
-    pub progress: bool,
+    /// The command runs in its own process (`false`: in `serve`, for a command that
+    /// reached it over the control socket). Only a local command draws progress bars
+    /// on stderr; one in the server reads its input ahead of holding the writer lock.
+    pub local: bool,
     /// Set once the command's whole change is committed and durable (what it is, for
     /// people): a failure after that point is reported as a warning with exit 6, not
     /// as an error that invites a retry of something already done.
     committed: std::cell::RefCell<Option<String>>,
+    /// Told of every change to `committed` (in `serve`: the command's process is
+    /// told, so that it reports a failure of its own afterwards, writing the output,
+    /// as a warning too).
+    on_commit: Option<CommitNotice>,
 }
+
+/// What [`Ctx::on_commit`] calls.
+type CommitNotice = Box<dyn Fn(Option<&str>)>;
 
 impl Ctx {
     /// The settings of a command: keys and values in hex or as text, JSON or not.
-    pub fn new(hex: bool, json: bool, progress: bool) -> Self {
+    pub fn new(hex: bool, json: bool, local: bool) -> Self {
         Ctx {
             enc: if hex { Encoding::Hex } else { Encoding::Text },
             json,
-            progress,
+            local,
             committed: std::cell::RefCell::new(None),
+            on_commit: None,
         }
+    }
+
+    /// Calls `notify` on every change to what the command has made durable.
+    pub fn on_commit(mut self, notify: impl Fn(Option<&str>) + 'static) -> Self {
+        self.on_commit = Some(Box::new(notify));
+        self
     }
 
     /// Records that the command's change is durable: `what` completes "... and is
     /// durable", e.g. `snapshot "s" was created`.
     pub fn committed(&self, what: impl Into<String>) {
-        *self.committed.borrow_mut() = Some(what.into());
+        let what = what.into();
+        if let Some(notify) = &self.on_commit {
+            notify(Some(&what));
+        }
+        *self.committed.borrow_mut() = Some(what);
+    }
+
+    /// Whether the command has made a change durable.
+    pub fn has_committed(&self) -> bool {
+        self.committed.borrow().is_some()
     }
 
     /// Takes back [`Ctx::committed`]: the commit changed nothing (a delete of a
     /// missing key), so what follows is the command's answer, not a late failure.
     pub fn changed_nothing(&self) {
+        if let Some(notify) = &self.on_commit {
+            notify(None);
+        }
         self.committed.borrow_mut().take();
     }
 

@@ -41,8 +41,20 @@ pub fn open_writable(dir: &Path) -> CliResult<Store> {
     Store::open_with(dir, writable()).map_err(in_use_hint)
 }
 
+/// [`open_writable`] waiting at most `wait` for another process's writer; its error
+/// as the engine gives it.
+pub fn open_writable_waiting(dir: &Path, wait: Option<Duration>) -> Result<Store, cambium::Error> {
+    Store::open_with(
+        dir,
+        Options {
+            lock_wait: wait,
+            ..writable()
+        },
+    )
+}
+
 /// A store in use by another writer: say what works meanwhile, or how long we waited.
-fn in_use_hint(e: cambium::Error) -> CliError {
+pub fn in_use_hint(e: cambium::Error) -> CliError {
     if !matches!(e, cambium::Error::Locked { .. }) {
         return e.into();
     }

@@ -8,7 +8,9 @@ use super::args::VolumeCommand;
 use super::codec::Encoding;
 use super::control::{self, Envelope, Outcome, Request};
 use super::error::{output_error, CliError, CliResult};
-use super::open::{open_read_only, open_writable, Target};
+use super::open::{
+    in_use_hint, lock_wait, open_read_only, open_writable, open_writable_waiting, Target,
+};
 use super::output::print_json;
 use super::{batch, data, space, versions, volume, Ctx};
 use cambium::{check_key, Store, VersionKind};
@@ -64,12 +66,16 @@ pub fn volume(ctx: &Ctx, out: &mut impl Write, cmd: &VolumeCommand) -> CliResult
             file,
             block_size,
         } => {
+            let block_size = block_size_arg(*block_size)?;
+            // Name errors (exit 2) come before the image's (exit 3), as for the others.
+            super::open::check_name(name)?;
+            let (file, input) = image_source(file)?;
             let request = Request::VolumeImport {
                 name: owned(name),
-                file: absolute(file)?,
-                block_size: block_size_arg(*block_size)?,
+                file,
+                block_size,
             };
-            (dir, request)
+            return run(ctx, out, dir, request, input);
         }
         VolumeCommand::Export { dir, name, file } => (
             dir,
@@ -81,6 +87,33 @@ pub fn volume(ctx: &Ctx, out: &mut impl Write, cmd: &VolumeCommand) -> CliResult
     };
     run(ctx, out, dir, request, None)
 }
+
+/// Where `volume import` reads its image: a regular file by its (absolute) path, which
+/// a server opens itself; or stdin (`-`), a pipe or a device, which only this process
+/// can read (`/dev/stdin`, `<(xz -dc image.xz)` name this process's descriptors), so
+/// its bytes become the request's input.
+fn image_source(file: &Path) -> CliResult<(Option<String>, Option<Input>)> {
+    if file == Path::new("-") {
+        return Ok((None, Some(Box::new(std::io::stdin()))));
+    }
+    let meta = std::fs::metadata(file)
+        .map_err(|e| CliError::failure(format!("open {}: {e}", file.display())))?;
+    if meta.is_file() {
+        return Ok((Some(absolute(file)?), None));
+    }
+    if meta.is_dir() {
+        return Err(CliError::failure(format!(
+            "{} is a directory",
+            file.display()
+        )));
+    }
+    let stream = std::fs::File::open(file)
+        .map_err(|e| CliError::failure(format!("open {}: {e}", file.display())))?;
+    Ok((None, Some(Box::new(stream))))
+}
+
+/// What a request that takes input reads.
+type Input = Box<dyn std::io::Read + Send>;
 
 /// A block size argument: a power of two from 512 B to 1 MiB (exit 2 otherwise).
 fn block_size_arg(bytes: u64) -> CliResult<u32> {
@@ -112,30 +145,29 @@ pub fn run(
     out: &mut impl Write,
     dir: &Path,
     request: Request,
-    input: Option<std::io::Stdin>,
+    mut input: Option<Input>,
 ) -> CliResult {
     request.check()?;
     let envelope = Envelope {
         json: ctx.json,
         hex: ctx.enc == Encoding::Hex,
+        dir: dir.to_str().map(str::to_owned),
         request,
     };
-    let forwarded = input
-        .as_ref()
-        .map(|_| Box::new(std::io::stdin()) as Box<dyn std::io::Read + Send>);
-    if control::send(dir, &envelope, forwarded, out)? {
+    if control::send(ctx, dir, &envelope, &mut input, out)? {
         return Ok(());
     }
     let request = &envelope.request;
-    let mut input: Box<dyn BufRead> = match input {
-        Some(stdin) => Box::new(std::io::BufReader::with_capacity(1 << 16, stdin)),
-        None => Box::new(std::io::empty()),
-    };
     if request.is_read_only() {
         let store = open_read_only(dir)?;
+        let mut input = local_input(input);
         return execute(&store, dir, ctx, request, &mut input, out);
     }
-    let store = open_writable(dir)?;
+    let Some(store) = open_or_reach_server(ctx, dir, &envelope, &mut input, out)? else {
+        // A server started while we waited, and ran the request.
+        return Ok(());
+    };
+    let mut input = local_input(input);
     match execute(&store, dir, ctx, request, &mut input, out) {
         Ok(()) => Ok(store.close()?),
         Err(e) => {
@@ -145,6 +177,47 @@ pub fn run(
         }
     }
 }
+
+/// What a request run here reads.
+fn local_input(input: Option<Input>) -> Box<dyn BufRead> {
+    match input {
+        Some(input) => Box::new(std::io::BufReader::with_capacity(1 << 16, input)),
+        None => Box::new(std::io::empty()),
+    }
+}
+
+/// Opens the store for writing; with `--wait`, while another process holds it, keeps
+/// trying its control socket too (a `serve` that started meanwhile holds the store for
+/// good, but answers there once it is up): `None` when the server ran the request.
+fn open_or_reach_server(
+    ctx: &Ctx,
+    dir: &Path,
+    envelope: &Envelope,
+    input: &mut Option<Input>,
+    out: &mut impl Write,
+) -> CliResult<Option<Store>> {
+    let Some(wait) = lock_wait() else {
+        return open_writable(dir).map(Some);
+    };
+    let deadline = std::time::Instant::now().checked_add(wait);
+    loop {
+        let left = deadline.map_or(LOCK_RETRY, |d| {
+            d.saturating_duration_since(std::time::Instant::now())
+        });
+        match open_writable_waiting(dir, Some(left.min(LOCK_RETRY))) {
+            Err(cambium::Error::Locked { .. }) if !left.is_zero() => {
+                if control::send(ctx, dir, envelope, input, out)? {
+                    return Ok(None);
+                }
+            }
+            Err(e) => return Err(in_use_hint(e)),
+            Ok(store) => return Ok(Some(store)),
+        }
+    }
+}
+
+/// How long one try at the writer lock waits, between looks at the control socket.
+const LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Runs a request on an open store (the store in `dir`): in this process for a
 /// command, or in `serve` for a command that reached it over the control socket.
@@ -173,6 +246,7 @@ pub fn execute(
             store,
             target(branch),
             *commit_every,
+            !ctx.local,
         ),
         Request::Checkpoint => Ok(store.checkpoint()?),
         Request::Clean { until_dead_below } => space::clean_in(ctx, out, store, *until_dead_below),
@@ -193,7 +267,7 @@ pub fn execute(
             VersionKind::Branch,
         )),
         Request::Drop { name } => catalog(versions::drop_in(store, name)),
-        _ => catalog(volume::execute(store, request)),
+        _ => catalog(volume::execute(store, request, input, ctx.local)),
     }
 }
 
@@ -317,7 +391,7 @@ pub fn batch(
         branch: branch.to_owned(),
         commit_every,
     };
-    run(ctx, out, dir, request, Some(std::io::stdin()))
+    run(ctx, out, dir, request, Some(Box::new(std::io::stdin())))
 }
 
 /// `cambium checkpoint DIR`

@@ -68,6 +68,7 @@ pub fn serve(
     })?;
     let control = Control::start(dir, store.clone())?;
     let stop = server.shutdown_handle();
+    let cutoff = control.cutoff.clone();
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
@@ -77,6 +78,9 @@ pub fn serve(
     let watcher = std::thread::spawn(move || {
         let mut received = signals.forever();
         if received.next().is_some() {
+            // Control requests' input ends now too: the connections' drain must not
+            // wait for a command's producer.
+            cutoff.cut_off();
             stop.shutdown();
             // A second signal while stopping (a long control request, the closing
             // checkpoint): the user insists, and the store is crash-safe, so the
@@ -146,12 +150,44 @@ struct Pending {
     conn: UnixStream,
 }
 
+/// Most control requests in progress at once; beyond them a request is refused.
+const MAX_CONTROL_REQUESTS: usize = 64;
+
+/// How long a stop waits for the control requests in progress to answer before it
+/// cuts off the clients that do not read their answers.
+const CONTROL_STOP_GRACE: Duration = Duration::from_secs(5);
+
 /// The control socket's accept loop and the requests in progress.
 struct Control {
+    cutoff: ControlCutoff,
+    accept: JoinHandle<()>,
+}
+
+/// Stops the control socket's requests, from any thread (the signal watcher's too).
+#[derive(Clone)]
+struct ControlCutoff {
     path: PathBuf,
     stopping: Arc<AtomicBool>,
-    accept: JoinHandle<()>,
     requests: Arc<Mutex<Vec<Pending>>>,
+}
+
+impl ControlCutoff {
+    /// Stops accepting and ends the input of every request in progress: one still
+    /// being read ends there, a batch's or an import's input ends short (what it had
+    /// not committed is not), one already read runs on. Idempotent.
+    fn cut_off(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        // Wake the accept loop.
+        let _ = cambium::io::connect_unix(&self.path);
+        for p in self
+            .requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            let _ = p.conn.shutdown(std::net::Shutdown::Read);
+        }
+    }
 }
 
 impl Control {
@@ -162,36 +198,42 @@ impl Control {
         let _ = std::fs::remove_file(&path);
         let listener = cambium::io::bind_unix(&path)
             .map_err(|e| CliError::failure(format!("bind {}: {e}", path.display())))?;
-        let stopping = Arc::new(AtomicBool::new(false));
-        let requests: Arc<Mutex<Vec<Pending>>> = Arc::default();
+        let cutoff = ControlCutoff {
+            path,
+            stopping: Arc::new(AtomicBool::new(false)),
+            requests: Arc::default(),
+        };
         let accept = {
-            let (stopping, requests) = (stopping.clone(), requests.clone());
+            let (stopping, requests) = (cutoff.stopping.clone(), cutoff.requests.clone());
             std::thread::spawn(move || accept_loop(&listener, &store, &stopping, &requests))
         };
-        Ok(Control {
-            path,
-            stopping,
-            accept,
-            requests,
-        })
+        Ok(Control { cutoff, accept })
     }
 
-    /// Stops accepting, cuts off clients that have not sent their request, waits
-    /// for the requests in progress (they finish and answer), removes the socket.
+    /// Stops accepting, cuts off the requests' input, waits for the requests in
+    /// progress (they finish and answer; a client that does not read its answer is
+    /// cut off after a grace period), removes the socket.
     fn stop(self) {
-        self.stopping.store(true, Ordering::SeqCst);
-        // Wake the accept loop.
-        let _ = cambium::io::connect_unix(&self.path);
-        let _ = self.accept.join();
-        let pending = std::mem::take(&mut *self.requests.lock().unwrap_or_else(|p| p.into_inner()));
-        for p in &pending {
-            // A request already read runs on; one still being read ends here.
-            let _ = p.conn.shutdown(std::net::Shutdown::Read);
+        let Control { cutoff, accept } = self;
+        cutoff.cut_off();
+        let _ = accept.join();
+        // Also a request accepted while the first cut-off ran.
+        cutoff.cut_off();
+        let pending =
+            std::mem::take(&mut *cutoff.requests.lock().unwrap_or_else(|p| p.into_inner()));
+        let deadline = std::time::Instant::now() + CONTROL_STOP_GRACE;
+        while pending.iter().any(|p| !p.thread.is_finished())
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(10));
         }
         for p in pending {
+            if !p.thread.is_finished() {
+                let _ = p.conn.shutdown(std::net::Shutdown::Both);
+            }
             let _ = p.thread.join();
         }
-        let _ = std::fs::remove_file(&self.path);
+        let _ = std::fs::remove_file(&cutoff.path);
     }
 }
 
@@ -211,6 +253,19 @@ fn accept_loop(
             std::thread::sleep(Duration::from_millis(20));
             continue;
         };
+        let mut live = requests.lock().unwrap_or_else(|p| p.into_inner());
+        live.retain(|p| !p.thread.is_finished());
+        if live.len() >= MAX_CONTROL_REQUESTS {
+            let _ = conn.set_write_timeout(Some(Duration::from_secs(1)));
+            let busy = Answer::Failed {
+                code: super::error::EXIT_FAILURE,
+                msg: format!(
+                    "the server is running {MAX_CONTROL_REQUESTS} commands already; try again"
+                ),
+            };
+            let _ = control::write_answer(&conn, &busy);
+            continue;
+        }
         let Ok(handle) = conn.try_clone() else {
             continue;
         };
@@ -218,8 +273,6 @@ fn accept_loop(
         let _ = conn.set_read_timeout(Some(CONTROL_READ_TIMEOUT));
         let store = store.clone();
         let thread = std::thread::spawn(move || answer(&conn, &store));
-        let mut live = requests.lock().unwrap_or_else(|p| p.into_inner());
-        live.retain(|p| !p.thread.is_finished());
         live.push(Pending {
             thread,
             conn: handle,
@@ -243,12 +296,19 @@ fn answer(conn: &UnixStream, store: &Store) {
         // The input comes as fast as the command's producer writes it.
         let _ = conn.set_read_timeout(None);
     }
-    let ctx = Ctx::new(envelope.hex, envelope.json, false);
+    let notices = conn.try_clone();
+    let ctx = Ctx::new(envelope.hex, envelope.json, false).on_commit(move |what| {
+        if let Ok(notices) = &notices {
+            let _ = control::write_answer(notices, &Answer::Committed(what.map(str::to_owned)));
+        }
+    });
+    // Messages name the store as the command was given it.
+    let dir = envelope.dir.as_deref().map_or(store.path(), Path::new);
     let mut out = control::AnswerWriter::new(conn);
     let mut input = control::FramedInput::new(reader);
     let result = request
         .check()
-        .and_then(|()| requests::execute(store, store.path(), &ctx, request, &mut input, &mut out))
+        .and_then(|()| requests::execute(store, dir, &ctx, request, &mut input, &mut out))
         .and_then(|()| out.flush().map_err(output_error));
     let answer = match result {
         Ok(()) => Answer::Done,

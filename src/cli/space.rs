@@ -45,7 +45,7 @@ fn with_progress<T>(
     what: &str,
     f: impl FnOnce(&mut dyn FnMut(u64, u64)) -> CliResult<T>,
 ) -> CliResult<T> {
-    if !ctx.progress || !std::io::stderr().is_terminal() {
+    if !ctx.local || !std::io::stderr().is_terminal() {
         return f(&mut |_, _| {});
     }
     let pb = indicatif::ProgressBar::new(1);

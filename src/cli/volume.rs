@@ -9,7 +9,7 @@ use super::control::{Outcome, Request};
 use super::error::{CliError, CliResult};
 use cambium::volume::{Volume, VolumeInfo};
 use cambium::{Durability, Store};
-use std::io::Read;
+use std::io::{BufRead, Read};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -17,7 +17,12 @@ use std::time::{Duration, Instant};
 const IMPORT_CHUNK_BYTES: usize = 1 << 20;
 
 /// Runs a volume request on an open store (see `requests::execute`).
-pub fn execute(store: &Store, request: &Request) -> CliResult<Outcome> {
+pub fn execute(
+    store: &Store,
+    request: &Request,
+    input: &mut dyn BufRead,
+    progress: bool,
+) -> CliResult<Outcome> {
     match request {
         Request::VolumeCreate {
             name,
@@ -81,10 +86,15 @@ pub fn execute(store: &Store, request: &Request) -> CliResult<Outcome> {
         }
         Request::VolumeImport {
             name,
-            file,
+            file: Some(file),
             block_size,
-        } => import(store, name, Path::new(file), *block_size),
-        Request::VolumeExport { name, file } => export(store, name, Path::new(file)),
+        } => import(store, name, Path::new(file), *block_size, progress),
+        Request::VolumeImport {
+            name,
+            file: None,
+            block_size,
+        } => import_stream(store, name, input, *block_size, progress),
+        Request::VolumeExport { name, file } => export(store, name, Path::new(file), progress),
         _ => Err(CliError::failure(
             "not a volume request (a bug: requests::execute routes it)",
         )),
@@ -185,7 +195,13 @@ fn table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
 }
 
 /// `volume import`: a raw image into a new volume; zero blocks stay holes.
-fn import(store: &Store, name: &str, file: &Path, block_size: u32) -> CliResult<Outcome> {
+fn import(
+    store: &Store,
+    name: &str,
+    file: &Path,
+    block_size: u32,
+    progress: bool,
+) -> CliResult<Outcome> {
     let mut input = std::fs::File::open(file)
         .map_err(|e| CliError::failure(format!("open {}: {e}", file.display())))?;
     let len = input
@@ -197,20 +213,113 @@ fn import(store: &Store, name: &str, file: &Path, block_size: u32) -> CliResult<
     }
     let size = len.div_ceil(u64::from(block_size)) * u64::from(block_size);
     let vol = Volume::create(store, name, size, block_size).map_err(usage_if_invalid)?;
-    let bar = progress(size, "importing");
-    if let Err(e) = copy_in(&vol, &mut input, len, file, &bar) {
+    let bar = progress_bar(progress, Some(size), "importing");
+    let source = file.display().to_string();
+    if let Err(e) = copy_in(&vol, &mut input, len, &source, &bar) {
         // Half an image is no image: the new volume goes again (best effort; a
         // failure to drop it leaves a volume the user can drop by name).
         let _ = Volume::drop_volume(store, name);
         return Err(e);
     }
     bar.finish_and_clear();
+    imported(store, &vol, name, &source, len)
+}
+
+/// `volume import` of an image read as a stream (stdin, a pipe), whose length is known
+/// only at its end: the volume grows (doubling) as the bytes come, then takes the
+/// image's length, rounded up to whole blocks.
+fn import_stream(
+    store: &Store,
+    name: &str,
+    input: &mut dyn BufRead,
+    block_size: u32,
+    progress: bool,
+) -> CliResult<Outcome> {
+    let source = "the input";
+    let block = u64::from(block_size);
+    let mut vol = Volume::create(store, name, IMPORT_CHUNK_BYTES as u64, block_size)
+        .map_err(usage_if_invalid)?;
+    let bar = progress_bar(progress, None, "importing");
+    let copied = copy_stream(&mut vol, input, block, &bar).and_then(|len| {
+        if len == 0 {
+            return Err(CliError::failure("the input is empty"));
+        }
+        vol.resize(len.div_ceil(block) * block)
+            .map_err(usage_if_invalid)?;
+        vol.sync()?;
+        Ok(len)
+    });
+    let len = match copied {
+        Ok(len) => len,
+        Err(e) => {
+            // As for a file: half an image is no image.
+            let _ = Volume::drop_volume(store, name);
+            return Err(e);
+        }
+    };
+    bar.finish_and_clear();
+    imported(store, &vol, name, source, len)
+}
+
+/// Copies `input` to its end into the new volume `vol`, growing it as needed and
+/// skipping zero chunks; returns the bytes read.
+fn copy_stream(
+    vol: &mut Volume,
+    input: &mut dyn BufRead,
+    block: u64,
+    bar: &indicatif::ProgressBar,
+) -> CliResult<u64> {
+    let mut chunk = vec![0u8; IMPORT_CHUNK_BYTES];
+    let mut offset = 0u64;
+    loop {
+        let n = read_full(input, &mut chunk)
+            .map_err(|e| CliError::failure(format!("reading the input: {e}")))?;
+        if n == 0 {
+            return Ok(offset);
+        }
+        let end = offset + n as u64;
+        if end > vol.size() {
+            let grown = (vol.size().saturating_mul(2)).max(end.div_ceil(block) * block);
+            vol.resize(grown).map_err(usage_if_invalid)?;
+        }
+        if chunk[..n].iter().any(|&b| b != 0) {
+            vol.write_at(offset, &chunk[..n], Durability::Deferred)?;
+        }
+        offset = end;
+        bar.set_position(offset);
+    }
+}
+
+/// Reads until `buf` is full or the input ends; the bytes read.
+fn read_full(input: &mut dyn BufRead, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match input.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+/// What an import made: the new volume's size and allocation, and the rounding of an
+/// image that did not end on a block boundary.
+fn imported(store: &Store, vol: &Volume, name: &str, source: &str, len: u64) -> CliResult<Outcome> {
     let allocated = vol.allocated_bytes()?;
+    let rounded = if len == vol.size() {
+        String::new()
+    } else {
+        format!(
+            " (the image's {len} bytes rounded up to whole {} blocks)",
+            human_bytes(u64::from(vol.block_size()))
+        )
+    };
     Outcome::new(
         format!(
-            "imported {} into volume {name}: {}, {} allocated\n",
-            file.display(),
-            human_bytes(size),
+            "imported {source} into volume {name}: {}, {} allocated{rounded}\n",
+            human_bytes(vol.size()),
             human_bytes(allocated)
         ),
         info(store, name)?,
@@ -223,7 +332,7 @@ fn copy_in(
     vol: &Volume,
     input: &mut std::fs::File,
     len: u64,
-    file: &Path,
+    source: &str,
     bar: &indicatif::ProgressBar,
 ) -> CliResult {
     let mut chunk = vec![0u8; IMPORT_CHUNK_BYTES];
@@ -232,7 +341,7 @@ fn copy_in(
         let want = ((len - offset) as usize).min(chunk.len());
         input
             .read_exact(&mut chunk[..want])
-            .map_err(|e| CliError::failure(format!("read {}: {e}", file.display())))?;
+            .map_err(|e| CliError::failure(format!("read {source}: {e}")))?;
         // A new volume is all holes: a zero chunk needs no write at all.
         if chunk[..want].iter().any(|&b| b != 0) {
             vol.write_at(offset, &chunk[..want], Durability::Deferred)?;
@@ -244,7 +353,7 @@ fn copy_in(
 }
 
 /// `volume export`: the volume into a sparse raw file (holes are not written).
-fn export(store: &Store, name: &str, file: &Path) -> CliResult<Outcome> {
+fn export(store: &Store, name: &str, file: &Path, progress: bool) -> CliResult<Outcome> {
     use std::os::unix::fs::FileExt;
     let vol = Volume::open(store, name)?;
     let fail = |what: &str, e: std::io::Error| {
@@ -252,7 +361,7 @@ fn export(store: &Store, name: &str, file: &Path) -> CliResult<Outcome> {
     };
     let output = std::fs::File::create(file).map_err(|e| fail("create", e))?;
     output.set_len(vol.size()).map_err(|e| fail("size", e))?;
-    let bar = progress(vol.size(), "exporting");
+    let bar = progress_bar(progress, Some(vol.size()), "exporting");
     // Adjacent blocks go out in one write of up to 1 MiB.
     let mut run: Vec<u8> = Vec::with_capacity(IMPORT_CHUNK_BYTES);
     let mut run_at = 0u64;
@@ -294,16 +403,24 @@ fn export(store: &Store, name: &str, file: &Path) -> CliResult<Outcome> {
     )
 }
 
-/// A byte progress bar on stderr, only when stderr is a terminal.
-fn progress(total: u64, what: &str) -> indicatif::ProgressBar {
+/// A byte progress bar on stderr (a count of bytes when the total is not known), only
+/// when `progress` allows it (not in a server) and stderr is a terminal.
+fn progress_bar(progress: bool, total: Option<u64>, what: &str) -> indicatif::ProgressBar {
     use std::io::IsTerminal;
-    if !std::io::stderr().is_terminal() {
+    if !progress || !std::io::stderr().is_terminal() {
         return indicatif::ProgressBar::hidden();
     }
-    let bar = indicatif::ProgressBar::new(total);
-    if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-    ) {
+    let (bar, template) = match total {
+        Some(total) => (
+            indicatif::ProgressBar::new(total),
+            "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        ),
+        None => (
+            indicatif::ProgressBar::new_spinner(),
+            "{spinner} {msg} {bytes} {bytes_per_sec} [{elapsed}]",
+        ),
+    };
+    if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
         bar.set_style(style);
     }
     bar.set_message(what.to_owned());
