@@ -1179,6 +1179,40 @@ fn every_writing_command_works_while_serving() {
     ok(run(&["volume", "export", t.d(), "streamed", s(&back)]));
     assert!(std::fs::read(&back).unwrap() == pad);
 
+    // An image still being imported is not exported until it is whole.
+    let mut slow = Command::new(BIN)
+        .args(["volume", "import", t.d(), "slow", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut feed = slow.stdin.take().unwrap();
+    feed.write_all(&vec![0x42; 2 << 20]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ok(run(&["volume", "list", t.d()])).contains("slow") {
+        assert!(
+            Instant::now() < deadline,
+            "the importing volume never appeared"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        listed_names(&server.sock),
+        ["disk", "streamed"],
+        "exported mid-import"
+    );
+    let gone = run_client("nbdinfo", &[&server.uri("slow")]);
+    assert!(
+        !gone.status.success(),
+        "a volume being imported can be opened"
+    );
+    feed.write_all(&vec![0x43; 1 << 20]).unwrap();
+    drop(feed);
+    let done = slow.wait_with_output().unwrap();
+    assert!(ok(done).starts_with("imported the input into volume slow: 3.0 MiB"));
+    assert_eq!(listed_names(&server.sock), ["disk", "streamed", "slow"]);
+
     // Space commands run in the server.
     assert_eq!(ok(t.run("checkpoint", &[])), "");
     for cmd in ["clean", "defrag", "shrink"] {

@@ -212,7 +212,8 @@ fn import(
         return Err(CliError::failure(format!("{} is empty", file.display())));
     }
     let size = len.div_ceil(u64::from(block_size)) * u64::from(block_size);
-    let vol = Volume::create(store, name, size, block_size).map_err(usage_if_invalid)?;
+    let (vol, _filling) =
+        Volume::create_filling(store, name, size, block_size).map_err(usage_if_invalid)?;
     let bar = progress_bar(progress, Some(size), "importing");
     let source = file.display().to_string();
     if let Err(e) = copy_in(&vol, &mut input, len, &source, &bar) {
@@ -237,8 +238,9 @@ fn import_stream(
 ) -> CliResult<Outcome> {
     let source = "the input";
     let block = u64::from(block_size);
-    let mut vol = Volume::create(store, name, IMPORT_CHUNK_BYTES as u64, block_size)
-        .map_err(usage_if_invalid)?;
+    let (mut vol, _filling) =
+        Volume::create_filling(store, name, IMPORT_CHUNK_BYTES as u64, block_size)
+            .map_err(usage_if_invalid)?;
     let bar = progress_bar(progress, None, "importing");
     let copied = copy_stream(&mut vol, input, block, &bar).and_then(|len| {
         if len == 0 {

@@ -50,7 +50,11 @@ impl VolumeExports {
 impl Exports for VolumeExports {
     fn list(&self) -> Result<Vec<String>, ExportError> {
         let names = Volume::names(&self.store).map_err(to_nbd)?;
-        Ok(names.into_iter().map(|(name, _)| name).collect())
+        Ok(names
+            .into_iter()
+            .map(|(name, _)| name)
+            .filter(|name| !Volume::is_filling(&self.store, name))
+            .collect())
     }
 
     /// The empty name (a client's default export) names the only volume, when
@@ -64,6 +68,10 @@ impl Exports for VolumeExports {
         } else {
             name.to_owned()
         };
+        if Volume::is_filling(&self.store, &name) {
+            // An import is copying it in: exported once it is whole.
+            return Ok(None);
+        }
         match Volume::open(&self.store, &name) {
             Ok(volume) => Ok(Some(Box::new(VolumeExport { volume }))),
             Err(Error::VolumeNotFound(_) | Error::InvalidVersionName(_)) => Ok(None),

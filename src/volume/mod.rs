@@ -113,7 +113,63 @@ pub struct VolumeInfo {
     pub created_unix_ms: u64,
 }
 
+/// Volumes an import is filling in this process, by store directory and name.
+static FILLING: std::sync::Mutex<Vec<(std::path::PathBuf, String)>> =
+    std::sync::Mutex::new(Vec::new());
+
+fn filling() -> std::sync::MutexGuard<'static, Vec<(std::path::PathBuf, String)>> {
+    FILLING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A volume being filled ([`Volume::create_filling`]), for as long as this lives.
+pub struct Filling {
+    dir: std::path::PathBuf,
+    name: String,
+}
+
+impl Drop for Filling {
+    fn drop(&mut self) {
+        let mut all = filling();
+        if let Some(i) = all
+            .iter()
+            .position(|(d, n)| *d == self.dir && *n == self.name)
+        {
+            all.swap_remove(i);
+        }
+    }
+}
+
 impl Volume {
+    /// [`Volume::create`] for a volume about to be filled (an image imported):
+    /// until the [`Filling`] returned is dropped, [`Volume::is_filling`] says so, and
+    /// a server in this process does not export it, so that no client reads half an
+    /// image or writes into one still being copied in.
+    pub fn create_filling(
+        store: &Store,
+        name: &str,
+        size_bytes: u64,
+        block_size: u32,
+    ) -> Result<(Volume, Filling)> {
+        // Marked first: there is no moment when the new volume exists unmarked.
+        let mark = Filling {
+            dir: store.path().to_path_buf(),
+            name: name.to_owned(),
+        };
+        filling().push((mark.dir.clone(), mark.name.clone()));
+        let volume = Volume::create(store, name, size_bytes, block_size)?;
+        Ok((volume, mark))
+    }
+
+    /// Whether volume `name` is being filled in this process
+    /// ([`Volume::create_filling`]).
+    pub fn is_filling(store: &Store, name: &str) -> bool {
+        filling()
+            .iter()
+            .any(|(d, n)| d == store.path() && n == name)
+    }
+
     /// Makes a new, empty volume `name` of `size_bytes` (a positive multiple of
     /// `block_size`, a power of two from 512 B to 1 MiB). Durable on return.
     pub fn create(store: &Store, name: &str, size_bytes: u64, block_size: u32) -> Result<Volume> {
