@@ -30,6 +30,7 @@ use crate::error::{Error, Result};
 use crate::format::BlockRef;
 use crate::limits::{check_key, check_value, prefix_successor, INLINE_VALUE_MAX};
 use crate::options::Durability;
+use crate::space::checksum_refs;
 use crate::wal::{BatchWriter, Op};
 use std::ops::{Bound, RangeBounds};
 use std::sync::{Arc, MutexGuard, OnceLock};
@@ -208,12 +209,17 @@ impl<'s> WriteTxn<'s> {
         }
         let segments = &self.shared.segments;
         let mut staged = segments
-            .stage_values(&large, run)
+            .stage_values_for_overlap(&large, run)
             .inspect_err(|e| self.fail(e))?;
-        let extents = std::mem::take(&mut staged.refs);
+        let mut extents = std::mem::take(&mut staged.refs);
         let (written, applied) = if staged.is_direct() {
+            let deferred = staged.checksums_deferred();
             std::thread::scope(|scope| {
                 let io = scope.spawn(|| segments.write_staged(staged));
+                // The checksums while the extents go to disk.
+                if deferred {
+                    checksum_refs(&mut extents, &large);
+                }
                 let applied = self.apply_puts(pairs, extents);
                 let written = io
                     .join()

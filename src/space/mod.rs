@@ -17,7 +17,8 @@
 mod segments;
 
 pub(crate) use segments::{
-    AppendFence, Pin, Segments, DIRECT_MIN_BYTES, SEGMENT_HEADER_SIZE, SEGMENT_TARGET_BYTES,
+    checksum_refs, AppendFence, Pin, Segments, DIRECT_MIN_BYTES, SEGMENT_HEADER_SIZE,
+    SEGMENT_TARGET_BYTES,
 };
 
 use crate::format::{BlockRef, SegmentId};

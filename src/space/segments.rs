@@ -165,6 +165,9 @@ pub(crate) struct StagedValues<'v> {
     file: Arc<dyn VFile>,
     at: u64,
     direct: bool,
+    /// The references' checksums are the caller's to fill in
+    /// ([`Segments::stage_values_for_overlap`]).
+    checksums_deferred: bool,
     payload: Payload<'v>,
 }
 
@@ -173,6 +176,21 @@ impl StagedValues<'_> {
     /// with other work.
     pub(crate) fn is_direct(&self) -> bool {
         self.direct
+    }
+
+    /// Whether `refs` still lack their checksums: the caller must fill them in with
+    /// [`checksum_refs`] before anything uses them.
+    pub(crate) fn checksums_deferred(&self) -> bool {
+        self.checksums_deferred
+    }
+}
+
+/// Fills in the checksums of `refs`, the references of `values` (in order) that
+/// [`Segments::stage_values_for_overlap`] left without them.
+pub(crate) fn checksum_refs(refs: &mut [BlockRef], values: &[&[u8]]) {
+    debug_assert_eq!(refs.len(), values.len());
+    for (r, v) in refs.iter_mut().zip(values) {
+        r.crc = crc(v);
     }
 }
 
@@ -762,15 +780,30 @@ impl Segments {
         values: &[&'v [u8]],
         run: Option<&'v [u8]>,
     ) -> Result<StagedValues<'v>> {
-        self.stage_values_pinning(values, run, false)
+        self.stage_values_pinning(values, run, false, false)
     }
 
-    /// [`Segments::stage_values`], also pinning the segment (see [`Pin`]) if `pin`.
+    /// [`Segments::stage_values`] for a caller that overlaps the write with other
+    /// work: when the write is direct ([`StagedValues::checksums_deferred`]), the
+    /// references' checksums are left for the caller to fill in
+    /// ([`checksum_refs`]) while the write is in flight, instead of being computed
+    /// before it can start (8 MiB of checksums is about a millisecond).
+    pub(crate) fn stage_values_for_overlap<'v>(
+        &self,
+        values: &[&'v [u8]],
+        run: Option<&'v [u8]>,
+    ) -> Result<StagedValues<'v>> {
+        self.stage_values_pinning(values, run, false, true)
+    }
+
+    /// [`Segments::stage_values`], also pinning the segment (see [`Pin`]) if `pin`,
+    /// and leaving a direct write's checksums to the caller if `defer_checksums`.
     fn stage_values_pinning<'v>(
         &self,
         values: &[&'v [u8]],
         run: Option<&'v [u8]>,
         pin: bool,
+        defer_checksums: bool,
     ) -> Result<StagedValues<'v>> {
         assert!(!self.read_only, "append on a read-only store");
         assert!(!values.is_empty(), "staging no values");
@@ -781,8 +814,8 @@ impl Segments {
                 && is_laid_out(run, values)
                 && (run.as_ptr() as usize | run.len()).is_multiple_of(DIRECT_ALIGN)
         });
-        let mut app = self.appender(Kind::Data);
-        let app = &mut *app;
+        let mut guard = self.appender(Kind::Data);
+        let app = &mut *guard;
         let padded = if direct {
             total.next_multiple_of(DIRECT_ALIGN)
         } else {
@@ -822,6 +855,9 @@ impl Segments {
                 Payload::Laid(buf)
             }
         };
+        drop(guard);
+        // Checksums outside the appender's lock.
+        let checksums_deferred = direct && defer_checksums;
         let mut offset = at;
         let refs = values
             .iter()
@@ -829,7 +865,7 @@ impl Segments {
                 let r = BlockRef {
                     addr: Addr::new(id, offset),
                     len: crate::format::len_u32(v.len()),
-                    crc: crc(v),
+                    crc: if checksums_deferred { 0 } else { crc(v) },
                 };
                 offset += v.len() as u64;
                 r
@@ -841,6 +877,7 @@ impl Segments {
             file,
             at,
             direct,
+            checksums_deferred,
             payload,
         })
     }
@@ -852,7 +889,7 @@ impl Segments {
     /// deleted until that transaction is over. For less than [`DIRECT_MIN_BYTES`] in
     /// all; a larger write overlaps the transaction instead (`WriteTxn::put_many`).
     pub(crate) fn write_values_pinned(&self, values: &[&[u8]]) -> Result<(Vec<BlockRef>, Pin<'_>)> {
-        let mut staged = self.stage_values_pinning(values, None, true)?;
+        let mut staged = self.stage_values_pinning(values, None, true, false)?;
         let pin = Pin {
             segments: self,
             id: staged.segment,
