@@ -328,7 +328,8 @@ impl Store {
     /// end. Versions made from this one keep all their data. `main`, the default
     /// branch, cannot be dropped ([`Error::DefaultBranch`]).
     pub fn drop_version(&self, name: &str) -> Result<()> {
-        self.reserve.allow();
+        // Its space comes back later (reclamation, then a checkpoint).
+        self.reserve.allow_until_restored();
         versions::drop_version(&self.shared, name)
     }
 
@@ -337,14 +338,14 @@ impl Store {
     /// without one ([`Options::background_checkpoints`] off) and want to spread a big
     /// drop over their own idle time.
     pub fn drop_step(&self, max_nodes: usize) -> Result<bool> {
-        self.reserve.allow();
+        let _allowed = self.reserve.allow();
         versions::drop_step(&self.shared, max_nodes.max(1))
     }
 
     /// Runs the reclamation of dropped versions to the end (it otherwise proceeds in
     /// the background). The space it frees is reusable after the next checkpoint.
     pub fn finish_drops(&self) -> Result<()> {
-        self.reserve.allow();
+        let _allowed = self.reserve.allow();
         versions::finish_drops(&self.shared)
     }
 
@@ -393,16 +394,22 @@ impl Store {
             )));
         }
         self.shared.check_writable()?;
-        self.reserve.allow();
-        clean::clean(&self.shared, dead_below_percent / 100.0, progress)
+        let allowed = self.reserve.allow();
+        let report = clean::clean(&self.shared, dead_below_percent / 100.0, progress);
+        drop(allowed);
+        self.restore_reserve();
+        report
     }
 
     /// Rewrites the nodes of `version` (every version for `None`) in key order, so its
     /// scans read sequentially. Nodes it shares with other versions stay shared.
     pub fn defrag(&self, version: Option<&str>) -> Result<CleanReport> {
-        self.reserve.allow();
         self.shared.check_writable()?;
-        clean::defrag(&self.shared, version)
+        let allowed = self.reserve.allow();
+        let report = clean::defrag(&self.shared, version);
+        drop(allowed);
+        self.restore_reserve();
+        report
     }
 
     /// Moves every live block out of segments that hold dead bytes and deletes them:
@@ -411,11 +418,27 @@ impl Store {
         self.shrink_with_progress(&mut |_, _| {})
     }
 
+    /// Brings the reserve back after space was freed (best effort: a disk still full
+    /// leaves it to a later call or to the close), and ends a drop's permission to use
+    /// it. A store that stays open (a server) gets its reserve back here, not only at
+    /// close.
+    fn restore_reserve(&self) {
+        let segment_bytes = self
+            .shared
+            .segments
+            .sizes()
+            .map_or(0, |s| s.iter().map(|(_, n)| n).sum());
+        let _ = self.reserve.restore(crate::io::reserve_for(segment_bytes));
+    }
+
     /// [`Store::shrink`], calling `progress` with the bytes moved so far and in all.
     pub fn shrink_with_progress(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<CleanReport> {
-        self.reserve.allow();
         self.shared.check_writable()?;
-        clean::shrink(&self.shared, progress)
+        let allowed = self.reserve.allow();
+        let report = clean::shrink(&self.shared, progress);
+        drop(allowed);
+        self.restore_reserve();
+        report
     }
 
     /// The live blocks of segment `segment` (nodes and out-of-line values), each with
@@ -488,10 +511,9 @@ fn shutdown(shared: &Shared, reserve: &Reserve) -> Result<()> {
     // A drop interrupted by a crash (or left to a background thread this process
     // does not run) finishes here, so that its space comes back whatever the store
     // is used for (the CLI opens it for one command at a time).
-    if !lock(&shared.writer).drop_queue.is_empty() {
-        // Freeing space: on a full disk it may use the reserve.
-        reserve.allow();
-    }
+    // Freeing space: on a full disk it may use the reserve (until the end of the
+    // closing checkpoints).
+    let _allowed = (!lock(&shared.writer).drop_queue.is_empty()).then(|| reserve.allow());
     versions::finish_drops(shared)?;
     if shared.has_unwritten() {
         checkpoint::run(shared, None)?;

@@ -105,3 +105,43 @@ fn drop_and_clean_work_on_a_full_disk_and_give_the_space_back() {
     store.put(b"after", b"room again").unwrap();
     store.close().unwrap();
 }
+
+/// Puts until one is refused; whether the disk filled.
+fn fill(store: &Store, rng: &mut Rng) -> bool {
+    (0..10_000).any(|i| {
+        store
+            .put(format!("fill{i:06}").as_bytes(), &rng.bytes(20_000))
+            .is_err()
+    })
+}
+
+/// A process that stays open (a server) and ran a `clean`: writes after it must not
+/// take the reserve (a permission that outlived the clean let them, and the next
+/// drop found none). The control: the same fill with no clean.
+#[test]
+fn ordinary_writes_after_a_clean_in_the_same_process_leave_the_reserve_alone() {
+    for clean_first in [false, true] {
+        let vfs = SimVfs::new();
+        let mut rng = Rng::new(11);
+        let store = create_sim(&vfs);
+        store.put(b"a", &rng.bytes(20_000)).unwrap();
+        store.close().unwrap();
+        let reserve = vfs
+            .file_len(RESERVE_FILE)
+            .expect("init allocates the reserve");
+        vfs.set_capacity(Some(vfs.used_bytes() + (2 << 20)));
+
+        let store = open_sim(&vfs).unwrap();
+        if clean_first {
+            store.clean(10.0).unwrap();
+            store.shrink().unwrap();
+            store.defrag(None).unwrap();
+        }
+        assert!(fill(&store, &mut rng), "the disk never filled");
+        assert_eq!(
+            vfs.file_len(RESERVE_FILE),
+            Some(reserve),
+            "an ordinary put took the reserve (clean first: {clean_first})"
+        );
+    }
+}

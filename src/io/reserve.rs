@@ -5,16 +5,18 @@
 //! the checkpoint after them need (a WAL record, the metadata, moved blocks) in order
 //! to free anything. So a store keeps [`RESERVE_BYTES`] allocated in a file of its
 //! own, an eighth of its segment bytes between [`RESERVE_MIN_BYTES`] and
-//! [`RESERVE_BYTES`] (so a small store is not dwarfed by it). [`ReserveVfs`] wraps the store's file system: once a space-freeing command
-//! has called [`Reserve::allow`], a write that fails with `StorageFull` deletes the
-//! reserve file and is retried once. Ordinary writes never touch it, so a full disk
-//! still refuses a `put` but accepts the `drop` that makes room. When the store is
-//! closed, [`Reserve::restore`] allocates the file again if there is room (else the
-//! next close tries again).
+//! [`RESERVE_BYTES`] (so a small store is not dwarfed by it). [`ReserveVfs`] wraps the
+//! store's file system: while a space-freeing operation runs (it holds a
+//! [`Reserve::allow`]), and after a drop until the reserve is restored, a write that
+//! fails with `StorageFull` deletes the reserve file and is retried once. Ordinary
+//! writes never touch it otherwise, so a full disk still refuses a `put` but accepts
+//! the `drop` that makes room. [`Reserve::restore`] allocates the file again if there
+//! is room, when the store is closed and after a clean, defrag or shrink (else a later
+//! one tries again).
 
 use super::{LockKind, StoreLock, VFile, Vfs};
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// The reserve file's name in the store directory.
@@ -40,21 +42,50 @@ pub fn reserve_for(segment_bytes: u64) -> u64 {
 /// The reserve's state, shared by the wrapper and the store.
 pub struct Reserve {
     inner: Arc<dyn Vfs>,
-    /// Set by a space-freeing command: a full disk may take the reserve.
-    allowed: AtomicBool,
+    /// Space-freeing operations running now ([`Reserve::allow`]): while any runs, a
+    /// full disk may take the reserve.
+    allowances: AtomicUsize,
+    /// Set by a drop, whose space comes back later (its reclamation runs in the
+    /// background, and the checkpoint after it): a full disk may take the reserve
+    /// until the next [`Reserve::restore`].
+    until_restored: AtomicBool,
+}
+
+/// Lets writes that hit a full disk use the reserve for as long as it lives
+/// ([`Reserve::allow`]).
+pub struct Allowance<'r>(&'r Reserve);
+
+impl Drop for Allowance<'_> {
+    fn drop(&mut self) {
+        self.0.allowances.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Reserve {
-    /// Lets writes that hit a full disk use the reserve, from now until the next
-    /// [`Reserve::restore`]. Called by the commands that free space.
-    pub fn allow(&self) {
-        self.allowed.store(true, Ordering::SeqCst);
+    /// Lets writes that hit a full disk use the reserve while the returned
+    /// [`Allowance`] lives: taken by the operations that free space, for as long as
+    /// they run. (In a process that lives on, a server, a permission that outlived
+    /// the operation let ordinary writes eat the reserve meant for the next one.)
+    pub fn allow(&self) -> Allowance<'_> {
+        self.allowances.fetch_add(1, Ordering::SeqCst);
+        Allowance(self)
+    }
+
+    /// Lets writes that hit a full disk use the reserve until the next
+    /// [`Reserve::restore`]: for a drop, whose space the background reclamation and
+    /// a checkpoint give back after the call returns.
+    pub fn allow_until_restored(&self) {
+        self.until_restored.store(true, Ordering::SeqCst);
+    }
+
+    fn allowed(&self) -> bool {
+        self.allowances.load(Ordering::SeqCst) > 0 || self.until_restored.load(Ordering::SeqCst)
     }
 
     /// Gives the reserve back to a write that failed with `StorageFull`, if allowed
     /// and still held. Returns whether the write should be retried.
     fn release(&self) -> bool {
-        if !self.allowed.load(Ordering::SeqCst) {
+        if !self.allowed() {
             return false;
         }
         match self.inner.remove(RESERVE_FILE) {
@@ -66,11 +97,11 @@ impl Reserve {
     }
 
     /// Allocates the reserve file again, `bytes` long, if it is missing or shorter and
-    /// there is room, and stops letting writes use it. Returns whether the reserve is
+    /// there is room, and ends [`Reserve::allow_until_restored`]. Returns whether the reserve is
     /// in place. A full disk is not an error: the partial file is removed (an older,
     /// shorter reserve is kept) and a later call retries.
     pub fn restore(&self, bytes: u64) -> io::Result<bool> {
-        self.allowed.store(false, Ordering::SeqCst);
+        self.until_restored.store(false, Ordering::SeqCst);
         if self.inner.exists(RESERVE_FILE)? && self.inner.open(RESERVE_FILE)?.len()? >= bytes {
             return Ok(true);
         }
@@ -121,7 +152,8 @@ impl ReserveVfs {
     pub fn wrap(inner: Arc<dyn Vfs>) -> (Arc<dyn Vfs>, Arc<Reserve>) {
         let reserve = Arc::new(Reserve {
             inner: inner.clone(),
-            allowed: AtomicBool::new(false),
+            allowances: AtomicUsize::new(0),
+            until_restored: AtomicBool::new(false),
         });
         let vfs = Arc::new(ReserveVfs {
             inner,
