@@ -418,17 +418,19 @@ impl Store {
         self.shrink_with_progress(&mut |_, _| {})
     }
 
-    /// Brings the reserve back after space was freed (best effort: a disk still full
-    /// leaves it to a later call or to the close), and ends a drop's permission to use
-    /// it. A store that stays open (a server) gets its reserve back here, not only at
-    /// close.
+    /// Brings the reserve back after space was freed, if a write took it (best
+    /// effort: a disk still full leaves it to a later call or to the close), and ends
+    /// a drop's permission to use it. A store that stays open (a server) gets its
+    /// reserve back here, not only at close.
     fn restore_reserve(&self) {
         let segment_bytes = self
             .shared
             .segments
             .sizes()
             .map_or(0, |s| s.iter().map(|(_, n)| n).sum());
-        let _ = self.reserve.restore(crate::io::reserve_for(segment_bytes));
+        let _ = self
+            .reserve
+            .restore_if_taken(crate::io::reserve_for(segment_bytes));
     }
 
     /// [`Store::shrink`], calling `progress` with the bytes moved so far and in all.

@@ -96,6 +96,18 @@ impl Reserve {
         }
     }
 
+    /// [`Reserve::restore`] if the reserve file was taken (it is missing); a reserve
+    /// still there is left as it is (growing it is the close's work: an operation
+    /// that frees space should not spend the space it freed). Ends
+    /// [`Reserve::allow_until_restored`] either way.
+    pub fn restore_if_taken(&self, bytes: u64) -> io::Result<bool> {
+        self.until_restored.store(false, Ordering::SeqCst);
+        if self.inner.exists(RESERVE_FILE)? {
+            return Ok(true);
+        }
+        self.restore(bytes)
+    }
+
     /// Allocates the reserve file again, `bytes` long, if it is missing or shorter and
     /// there is room, and ends [`Reserve::allow_until_restored`]. Returns whether the reserve is
     /// in place. A full disk is not an error: the partial file is removed (an older,
