@@ -331,7 +331,9 @@ fn maintenance(sh: Arc<Shared>, seed: u64) {
     }
 }
 
-fn verify_all(store: &Store, model: &[u64], snaps: &[Arc<Snap>]) {
+/// Every volume, snapshot and clone against its model, then `verify` (`when` names
+/// the moment in a failure).
+fn verify_all(store: &Store, model: &[u64], snaps: &[Arc<Snap>], when: &str) {
     let read = |name: &str, want: &[u64]| {
         let vol = Volume::open(store, name).unwrap_or_else(|e| panic!("open {name}: {e}"));
         let mut buf = vec![0u8; VOL_BYTES as usize];
@@ -345,6 +347,8 @@ fn verify_all(store: &Store, model: &[u64], snaps: &[Arc<Snap>]) {
             read(c, cv);
         }
     }
+    let report = store.verify().unwrap();
+    assert!(report.is_clean(), "{when}: verify: {:?}", report.problems);
 }
 
 #[test]
@@ -426,22 +430,15 @@ fn in_process_clean_shrink_defrag_beside_volume_writers() {
     assert!(failures.is_empty(), "seed {seed}: {failures:#?}");
     let model = sh.model.lock().unwrap().clone();
     let snaps = sh.snaps.lock().unwrap().clone();
-    verify_all(&store, &model, &snaps);
-    let report = store.verify().unwrap();
-    assert!(
-        report.is_clean(),
-        "seed {seed}: verify: {:?}",
-        report.problems
-    );
+    verify_all(&store, &model, &snaps, &format!("seed {seed}"));
     drop(sh);
     store.close().unwrap();
     let store = Store::open_with(&dir, Options::default()).unwrap();
-    verify_all(&store, &model, &snaps);
-    let report = store.verify().unwrap();
-    assert!(
-        report.is_clean(),
-        "seed {seed}: verify after reopen: {:?}",
-        report.problems
+    verify_all(
+        &store,
+        &model,
+        &snaps,
+        &format!("seed {seed}, after reopen"),
     );
     store.close().unwrap();
 }

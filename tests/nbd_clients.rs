@@ -207,13 +207,18 @@ impl Server {
         self.child.id().to_string()
     }
 
-    /// SIGTERM, then waits (at most 20 s) for the exit; its status and stderr.
-    fn stop(mut self) -> (ExitStatus, String) {
+    /// Sends SIGTERM (and returns at once).
+    fn sigterm(&self) {
         let killed = Command::new("kill")
             .args(["-TERM", &self.pid()])
             .status()
             .expect("run kill");
         assert!(killed.success());
+    }
+
+    /// SIGTERM, then waits (at most 20 s) for the exit; its status and stderr.
+    fn stop(mut self) -> (ExitStatus, String) {
+        self.sigterm();
         let status = self
             .wait_for_exit(Duration::from_secs(20))
             .expect("cambium serve did not stop within 20 s of SIGTERM");
@@ -1081,11 +1086,7 @@ fn an_idle_control_connection_does_not_block_shutdown() {
     let mut server = Server::start(&t.dir);
     let idle = UnixStream::connect(t.dir.join("control.sock")).unwrap();
     std::thread::sleep(Duration::from_millis(100));
-    assert!(Command::new("kill")
-        .args(["-TERM", &server.pid()])
-        .status()
-        .unwrap()
-        .success());
+    server.sigterm();
     let exited = server.wait_for_exit(Duration::from_secs(15));
     drop(idle);
     assert!(
@@ -1296,11 +1297,7 @@ fn an_idle_batch_does_not_stall_nbd_writes_or_shutdown() {
         let _ = tx.send(raw_write(&mut c, 1, 0, &[7u8; 4096]));
     });
     let answered = rx.recv_timeout(Duration::from_secs(5));
-    assert!(Command::new("kill")
-        .args(["-TERM", &server.pid()])
-        .status()
-        .unwrap()
-        .success());
+    server.sigterm();
     let exited = server.wait_for_exit(Duration::from_secs(25));
     assert!(
         answered.is_ok() && exited.is_some(),
@@ -1431,11 +1428,7 @@ fn a_control_client_that_does_not_read_does_not_block_shutdown() {
     c.write_all(&0u32.to_le_bytes()).unwrap();
     // Let the server fill the socket with acknowledgements nobody reads.
     std::thread::sleep(Duration::from_secs(5));
-    assert!(Command::new("kill")
-        .args(["-TERM", &server.pid()])
-        .status()
-        .unwrap()
-        .success());
+    server.sigterm();
     let exited = server.wait_for_exit(Duration::from_secs(20));
     drop(c);
     assert!(

@@ -212,11 +212,19 @@ fn import(
         return Err(CliError::failure(format!("{} is empty", file.display())));
     }
     let size = len.div_ceil(u64::from(block_size)) * u64::from(block_size);
-    let (vol, _filling) =
+    let (mut vol, _filling) =
         Volume::create_filling(store, name, size, block_size).map_err(usage_if_invalid)?;
     let bar = progress_bar(progress, Some(size), "importing");
     let source = file.display().to_string();
-    if let Err(e) = copy_in(&vol, &mut input, len, &source, &bar) {
+    let copied = copy_stream(&mut vol, &mut (&mut input).take(len), &source, &bar).and_then(|n| {
+        if n < len {
+            return Err(CliError::failure(format!(
+                "read {source}: it ended after {n} of its {len} bytes"
+            )));
+        }
+        Ok(vol.sync()?)
+    });
+    if let Err(e) = copied {
         // Half an image is no image: the new volume goes again (best effort; a
         // failure to drop it leaves a volume the user can drop by name).
         let _ = Volume::drop_volume(store, name);
@@ -242,7 +250,7 @@ fn import_stream(
         Volume::create_filling(store, name, IMPORT_CHUNK_BYTES as u64, block_size)
             .map_err(usage_if_invalid)?;
     let bar = progress_bar(progress, None, "importing");
-    let copied = copy_stream(&mut vol, input, block, &bar).and_then(|len| {
+    let copied = copy_stream(&mut vol, input, source, &bar).and_then(|len| {
         if len == 0 {
             return Err(CliError::failure("the input is empty"));
         }
@@ -263,19 +271,21 @@ fn import_stream(
     imported(store, &vol, name, source, len)
 }
 
-/// Copies `input` to its end into the new volume `vol`, growing it as needed and
-/// skipping zero chunks; returns the bytes read.
+/// Copies `input` (`source`, for messages) to its end into the new volume `vol`,
+/// growing it as needed and skipping zero chunks (a new volume is all holes: a zero
+/// chunk needs no write at all); returns the bytes read.
 fn copy_stream(
     vol: &mut Volume,
-    input: &mut dyn BufRead,
-    block: u64,
+    input: &mut dyn Read,
+    source: &str,
     bar: &indicatif::ProgressBar,
 ) -> CliResult<u64> {
+    let block = u64::from(vol.block_size());
     let mut chunk = vec![0u8; IMPORT_CHUNK_BYTES];
     let mut offset = 0u64;
     loop {
         let n = read_full(input, &mut chunk)
-            .map_err(|e| CliError::failure(format!("reading the input: {e}")))?;
+            .map_err(|e| CliError::failure(format!("read {source}: {e}")))?;
         if n == 0 {
             return Ok(offset);
         }
@@ -293,7 +303,7 @@ fn copy_stream(
 }
 
 /// Reads until `buf` is full or the input ends; the bytes read.
-fn read_full(input: &mut dyn BufRead, buf: &mut [u8]) -> std::io::Result<usize> {
+fn read_full(input: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut filled = 0;
     while filled < buf.len() {
         match input.read(&mut buf[filled..]) {
@@ -326,32 +336,6 @@ fn imported(store: &Store, vol: &Volume, name: &str, source: &str, len: u64) -> 
         ),
         info(store, name)?,
     )
-}
-
-/// Writes `len` bytes of `input` into the new volume `vol`, skipping zero chunks, and
-/// makes them durable.
-fn copy_in(
-    vol: &Volume,
-    input: &mut std::fs::File,
-    len: u64,
-    source: &str,
-    bar: &indicatif::ProgressBar,
-) -> CliResult {
-    let mut chunk = vec![0u8; IMPORT_CHUNK_BYTES];
-    let mut offset = 0u64;
-    while offset < len {
-        let want = ((len - offset) as usize).min(chunk.len());
-        input
-            .read_exact(&mut chunk[..want])
-            .map_err(|e| CliError::failure(format!("read {source}: {e}")))?;
-        // A new volume is all holes: a zero chunk needs no write at all.
-        if chunk[..want].iter().any(|&b| b != 0) {
-            vol.write_at(offset, &chunk[..want], Durability::Deferred)?;
-        }
-        offset += want as u64;
-        bar.set_position(offset);
-    }
-    Ok(vol.sync()?)
 }
 
 /// `volume export`: the volume into a sparse raw file (holes are not written).
