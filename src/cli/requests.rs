@@ -139,7 +139,7 @@ fn absolute(file: &Path) -> CliResult<String> {
 }
 
 /// Runs `request` in the server that holds the store, if one does, or here. `input`
-/// is what a request that takes input (`batch`) reads.
+/// is what a request that takes input (`batch`, `volume import` of a stream) reads.
 pub fn run(
     ctx: &Ctx,
     out: &mut impl Write,
