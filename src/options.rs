@@ -142,7 +142,7 @@ fn dirty_bytes_for(usable: u64) -> u64 {
 
 /// The memory this process may use: the machine's, or its cgroup's limit if lower
 /// (0 if neither is known, which the defaults' floors then decide).
-fn usable_memory() -> u64 {
+pub(crate) fn usable_memory() -> u64 {
     [physical_memory(), cgroup_memory_limit()]
         .into_iter()
         .flatten()

@@ -23,6 +23,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod budget;
 mod handshake;
 pub mod memory;
 pub mod proto;
@@ -258,6 +259,13 @@ pub struct ServerOptions {
     /// connection does not poll). Saves a sleep and a wake-up per request at queue
     /// depth 1 for some CPU. Zero: never poll. Default 64 µs.
     pub poll_max: Duration,
+    /// Memory for large payloads (writes and reads over 256 KiB) in flight on all
+    /// connections together; at least one `max_payload_bytes` payload. Default: a
+    /// sixteenth of the memory this process may use, between 256 MiB and 1 GiB.
+    pub payload_budget_bytes: usize,
+    /// How long a large request waits for room in that budget before it is answered
+    /// ENOMEM. Default 10 s.
+    pub payload_wait: Duration,
 }
 
 impl Default for ServerOptions {
@@ -267,8 +275,16 @@ impl Default for ServerOptions {
             handshake_timeout: Duration::from_secs(10),
             max_payload_bytes: 32 << 20,
             poll_max: Duration::from_micros(64),
+            payload_budget_bytes: default_payload_budget(),
+            payload_wait: Duration::from_secs(10),
         }
     }
+}
+
+/// [`ServerOptions::payload_budget_bytes`]'s default.
+fn default_payload_budget() -> usize {
+    let bytes = (crate::options::usable_memory() / 16).clamp(256 << 20, 1 << 30);
+    usize::try_from(bytes).unwrap_or(usize::MAX)
 }
 
 /// Where a [`Server`] listens.

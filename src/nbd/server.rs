@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use super::budget::PayloadBudget;
 use super::stream::Stream;
 use super::{handshake, transmission, Exports, Listen, ServerOptions};
 use crate::io::{self as os_io, connect_unix};
@@ -61,6 +62,8 @@ struct Shared {
     next_id: AtomicU64,
     /// Live connections (clones of their sockets), keyed by id.
     conns: Mutex<HashMap<u64, Stream>>,
+    /// Every connection's large payload buffers come from here.
+    budget: Arc<PayloadBudget>,
 }
 
 impl Shared {
@@ -129,6 +132,7 @@ impl Server {
             wake,
             next_id: AtomicU64::new(0),
             conns: Mutex::new(HashMap::new()),
+            budget: PayloadBudget::new(opts.payload_budget_bytes, opts.max_payload_bytes as usize),
         });
         Ok(Server {
             listener,
@@ -210,9 +214,10 @@ impl Server {
             .name(format!("nbd-conn-{id}"))
             .stack_size(CONN_STACK)
             .spawn(move || {
+                let budget = Arc::clone(&shared.budget);
                 let _guard = Deregister { shared, id };
                 // Errors only say why this connection ended; nothing to do.
-                let _ = serve_connection(stream, exports.as_ref(), &opts);
+                let _ = serve_connection(stream, exports.as_ref(), &opts, budget);
             });
         match spawned {
             Ok(t) => Some(t),
@@ -260,7 +265,12 @@ impl Drop for Deregister {
 }
 
 /// One connection from accept to close.
-fn serve_connection(stream: Stream, exports: &dyn Exports, opts: &ServerOptions) -> io::Result<()> {
+fn serve_connection(
+    stream: Stream,
+    exports: &dyn Exports,
+    opts: &ServerOptions,
+    budget: Arc<PayloadBudget>,
+) -> io::Result<()> {
     let mut w = BufWriter::with_capacity(WRITE_BUF, stream.try_clone()?);
     let mut r = BufReader::with_capacity(READ_BUF, stream);
     r.get_mut()
@@ -270,7 +280,7 @@ fn serve_connection(stream: Stream, exports: &dyn Exports, opts: &ServerOptions)
     };
     r.get_mut().set_deadline(None)?;
     r.get_mut().set_poll_max(opts.poll_max);
-    transmission::serve(&mut r, w, session, opts.max_payload_bytes)
+    transmission::serve(&mut r, w, session, opts, budget)
 }
 
 fn bind_unix(path: &Path) -> io::Result<(Listener, WakeAddr)> {

@@ -817,3 +817,94 @@ fn large_writes_land_in_order_beside_the_reads() {
     let r = c2.cmd(proto::CMD_READ, 0, 0, 4096, &[]).unwrap();
     assert_eq!(r.data, vec![3; 4096]);
 }
+
+/// Large payloads come from one server-wide budget: a client holding it (a large
+/// write whose payload stalls) makes another's large requests wait, then get ENOMEM
+/// on a connection that stays usable; once the first lets go, they go through.
+#[test]
+fn a_full_payload_budget_answers_enomem_and_recovers() {
+    let opts = ServerOptions {
+        max_payload_bytes: 1 << 20,
+        payload_budget_bytes: 2 << 20,
+        payload_wait: Duration::from_millis(200),
+        ..ServerOptions::default()
+    };
+    let srv = TestServer::start(opts);
+    let mut hog = srv.client("disk1", false, false);
+    let stalled = Request {
+        flags: 0,
+        command: proto::CMD_WRITE,
+        cookie: 1,
+        offset: 0,
+        len: 1 << 20,
+    };
+    hog.send(stalled, &[9; 4096]).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+
+    let mut c = srv.client("disk1", true, false);
+    let big = vec![3u8; 512 << 10];
+    let r = c
+        .cmd(proto::CMD_WRITE, 0, 0, big.len() as u32, &big)
+        .unwrap();
+    assert_eq!(r.error, 12, "ENOMEM for a large write");
+    let r = c.cmd(proto::CMD_READ, 0, 0, 512 << 10, &[]).unwrap();
+    assert_eq!(r.error, 12, "ENOMEM for a large read");
+    // Small requests use the connection's own buffer; the stream stayed in sync
+    // (the refused write's payload was skipped, not applied).
+    assert_eq!(
+        c.cmd(proto::CMD_WRITE, 0, 0, 4096, &[1; 4096])
+            .unwrap()
+            .error,
+        0
+    );
+    let r = c.cmd(proto::CMD_READ, 0, 0, 8192, &[]).unwrap();
+    assert_eq!(
+        (r.error, &r.data[..4096], &r.data[4096..]),
+        (0, &[1; 4096][..], &[0; 4096][..])
+    );
+
+    drop(hog); // its half-sent write is dropped, its buffer given back
+    std::thread::sleep(Duration::from_millis(100));
+    let r = c
+        .cmd(proto::CMD_WRITE, 0, 0, big.len() as u32, &big)
+        .unwrap();
+    assert_eq!(r.error, 0);
+    let r = c.cmd(proto::CMD_READ, 0, 0, 512 << 10, &[]).unwrap();
+    assert_eq!((r.error, r.data == big), (0, true));
+}
+
+/// Many connections with large writes and reads in flight on a budget that holds one
+/// landing at a time: every request waits its turn and succeeds.
+#[test]
+fn large_requests_on_many_connections_share_a_small_budget() {
+    let opts = ServerOptions {
+        max_payload_bytes: 1 << 20,
+        payload_budget_bytes: 1 << 20,
+        payload_wait: Duration::from_secs(60),
+        ..ServerOptions::default()
+    };
+    let srv = TestServer::start(opts);
+    const REGION: u64 = 256 << 10;
+    let threads: Vec<_> = (0..4u8)
+        .map(|t| {
+            let mut c = srv.client("disk1", t % 2 == 0, false);
+            std::thread::spawn(move || {
+                let at = u64::from(t) * REGION;
+                for round in 0..20u8 {
+                    let data = vec![t.wrapping_mul(31).wrapping_add(round); REGION as usize];
+                    let r = c
+                        .cmd(proto::CMD_WRITE, 0, at, REGION as u32, &data)
+                        .unwrap();
+                    assert_eq!(r.error, 0);
+                    // A whole-disk read: a large payload, the other regions racing.
+                    let r = c.cmd(proto::CMD_READ, 0, 0, 1 << 20, &[]).unwrap();
+                    assert_eq!(r.error, 0);
+                    assert!(r.data[at as usize..(at + REGION) as usize] == data[..]);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}

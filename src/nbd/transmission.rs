@@ -30,28 +30,38 @@
 //! client waiting for the answers to the writes held back. (The buffer is where the
 //! next header is: a payload's last piece, shorter than the buffer, is read through
 //! it, and that read takes whatever the client sent behind it.)
+//!
+//! **Memory.** A landing's buffer, and a large read's, come from the server's
+//! [`PayloadBudget`] (see its module) and go back as soon as the request is done:
+//! the lander gives a landing's back before it hands the export back, so a reader
+//! waiting for room never waits on a buffer its own connection holds. What a
+//! connection keeps of its own is small: a payload buffer of at most
+//! [`SMALL_PAYLOAD`] and a batch of at most [`MAX_BATCH_BYTES`] plus one.
 
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
+use super::budget::{PayloadBudget, PayloadBuf, SMALL_PAYLOAD};
 use super::handshake::Session;
 use super::proto::{self, ChunkHeader, Descriptor, Request, SimpleReply};
 use super::stream::Stream;
-use super::{Errno, Export, ExportError, ZeroFlags};
+use super::{Errno, Export, ExportError, ServerOptions, ZeroFlags};
 
 /// Most extents asked of the export per NBD_CMD_BLOCK_STATUS.
 const MAX_EXTENTS: usize = 1024;
 
 /// Most writes, and payload bytes, applied as one batch (`Export::write_batch`).
+/// (A batch is of writes under [`LAND_MIN_BYTES`]: 256 writes of 4 KiB fill it.)
 const MAX_BATCH_WRITES: usize = 256;
-const MAX_BATCH_BYTES: usize = 8 << 20;
+const MAX_BATCH_BYTES: usize = 1 << 20;
 
 /// A write at least this large lands on the lander thread (module docs): where the
 /// engine starts writing past the page cache, so that the disk write is what the
-/// next request's receiving overlaps.
-const LAND_MIN_BYTES: u32 = 256 << 10;
+/// next request's receiving overlaps. (Smaller writes use the connection's own
+/// buffer, so this is at most [`SMALL_PAYLOAD`].)
+const LAND_MIN_BYTES: u32 = SMALL_PAYLOAD as u32;
 
 /// Most payload bytes one landing holds: the large writes that continue each other
 /// (module docs) join a landing up to this.
@@ -63,7 +73,8 @@ pub(super) fn serve(
     r: &mut BufReader<Stream>,
     w: BufWriter<Stream>,
     session: Session,
-    max_payload: u32,
+    opts: &ServerOptions,
+    budget: Arc<PayloadBudget>,
 ) -> io::Result<()> {
     let Session {
         export,
@@ -79,10 +90,11 @@ pub(super) fn serve(
         export: Some(export),
         structured,
         base_allocation,
-        max_payload,
+        max_payload: opts.max_payload_bytes,
+        budget,
+        budget_wait: opts.payload_wait,
         buf: Vec::new(),
         batch: Vec::new(),
-        spare: PagePayload::default(),
         out: Replies(Arc::new(Mutex::new(w))),
         lander: None,
     };
@@ -101,8 +113,10 @@ pub(super) fn serve(
 enum Reply {
     /// No data (writes, flush, trim, ...).
     Empty,
-    /// A read: the data is `Conn::buf`.
+    /// A small read: the data is `Conn::buf`.
     Data,
+    /// A large read's data.
+    LargeData(PayloadBuf),
     /// Block status descriptors for `base:allocation`.
     BlockStatus(Vec<Descriptor>),
 }
@@ -118,13 +132,15 @@ struct Conn {
     structured: bool,
     base_allocation: bool,
     max_payload: u32,
-    /// Reused payload buffer; its length never exceeds `max_payload`.
+    /// Where large payloads' buffers come from, and how long a request waits for one.
+    budget: Arc<PayloadBudget>,
+    budget_wait: std::time::Duration,
+    /// Reused payload buffer of small writes and reads; its length never exceeds
+    /// `SMALL_PAYLOAD`.
     buf: Vec<u8>,
-    /// Reused buffer of a batch of writes' payloads, back to back; at most
+    /// Reused buffer of a batch of small writes' payloads, back to back; at most
     /// `MAX_BATCH_BYTES` plus one payload.
     batch: Vec<u8>,
-    /// The payload buffer of the last large write to land, reused for the next.
-    spare: PagePayload,
     out: Replies,
     /// Started by the first large write.
     lander: Option<Lander>,
@@ -143,71 +159,26 @@ impl Replies {
     }
 }
 
-/// A large write's payload, starting at a page boundary: an export can then write
-/// it to the disk past the page cache (`O_DIRECT`) straight from here, as the
-/// engine's data segments do, instead of copying it into an aligned buffer first.
-#[derive(Default)]
-struct PagePayload {
-    buf: Vec<u8>,
-    start: usize,
-    len: usize,
-}
-
-/// The alignment [`PagePayload`] gives: a page, which is what `O_DIRECT` asks of
-/// memory on the file systems this runs on.
-const PAGE: usize = 4096;
-
-impl PagePayload {
-    /// Makes room for `len` bytes at a page boundary and returns them (contents
-    /// unspecified).
-    fn resize(&mut self, len: usize) -> &mut [u8] {
-        if self.buf.len() < len + PAGE {
-            self.buf = vec![0; len + PAGE];
-        }
-        // (`align_offset` may decline to compute; unaligned only costs the copy.)
-        self.start = Some(self.buf.as_ptr().align_offset(PAGE))
-            .filter(|&o| o < PAGE)
-            .unwrap_or(0);
-        self.len = len;
-        &mut self.buf[self.start..self.start + len]
-    }
-
-    /// Makes room for `more` bytes after the ones there and returns them (contents
-    /// unspecified); the bytes there are kept.
-    fn grow(&mut self, more: usize) -> &mut [u8] {
-        let kept = self.len;
-        if self.start + kept + more > self.buf.len() {
-            // Room for a whole landing at once: a stream that joins once will again
-            // (the buffer is reused), and one that never does never pays for it.
-            let old = std::mem::take(self);
-            self.resize((kept + more).max(MAX_LANDING_BYTES));
-            self.buf[self.start..self.start + kept].copy_from_slice(old.bytes());
-        }
-        self.len = kept + more;
-        let at = self.start + kept;
-        &mut self.buf[at..at + more]
-    }
-
-    fn bytes(&self) -> &[u8] {
-        &self.buf[self.start..self.start + self.len]
-    }
-}
-
 /// Large writes, each continuing the one before, and the export they land with,
 /// handed to the lander and back.
 struct Landing {
     export: Box<dyn Export>,
     /// In order; their payloads are `payload`, back to back.
     reqs: Vec<Request>,
-    payload: PagePayload,
-    /// Set by the lander: whether the reply reached the socket.
+    payload: PayloadBuf,
+}
+
+/// What the lander hands back: the export, and whether the replies reached the
+/// socket. (The payload's buffer went back to the budget before.)
+struct Landed {
+    export: Box<dyn Export>,
     answered: io::Result<()>,
 }
 
 /// A connection's lander thread (module docs).
 struct Lander {
     to_land: SyncSender<Landing>,
-    landed: Receiver<Landing>,
+    landed: Receiver<Landed>,
     thread: JoinHandle<()>,
 }
 
@@ -223,19 +194,24 @@ impl Lander {
         let thread = std::thread::Builder::new()
             .name(format!("{name}-lander"))
             .spawn(move || {
-                while let Ok(mut l) = jobs.recv() {
-                    let fua = l.reqs.iter().any(|r| r.flags & proto::CMD_FLAG_FUA != 0);
-                    let applied = l.export.write(l.reqs[0].offset, l.payload.bytes(), fua);
+                while let Ok(l) = jobs.recv() {
+                    let Landing {
+                        mut export,
+                        reqs,
+                        payload,
+                    } = l;
+                    let fua = reqs.iter().any(|r| r.flags & proto::CMD_FLAG_FUA != 0);
+                    let applied = export.write(reqs[0].offset, payload.bytes(), fua);
+                    drop(payload);
                     let mut w = out.lock();
-                    l.answered = l
-                        .reqs
+                    let answered = reqs
                         .iter()
                         .try_for_each(|&req| {
                             status_reply(&mut *w, structured, req, applied.as_ref().err())
                         })
                         .and_then(|()| w.flush());
                     drop(w);
-                    if done.send(l).is_err() {
+                    if done.send(Landed { export, answered }).is_err() {
                         return;
                     }
                 }
@@ -297,11 +273,21 @@ impl Conn {
     /// Receives a large write's payload (while the last one lands), then hands it
     /// to the lander with the export.
     fn land(&mut self, r: &mut BufReader<Stream>, req: Request) -> io::Result<()> {
-        let mut payload = std::mem::take(&mut self.spare);
-        r.read_exact(payload.resize(req.len as usize))?;
-        if let Err(e) = self.check(req, Errno::NoSpc, true) {
+        // Room for the writes that may join it (`join`), as far as the budget goes.
+        let capacity = (req.len as usize).max(MAX_LANDING_BYTES.min(self.budget.largest()));
+        let Some(mut payload) = self.budget.take(capacity, self.budget_wait) else {
+            proto::skip(r, u64::from(req.len))?;
             self.settle()?;
-            self.spare = payload;
+            return self.reply(req, Err(out_of_memory()));
+        };
+        let len = req.len as usize;
+        match payload.extend(len) {
+            Some(bytes) => r.read_exact(bytes)?,
+            None => unreachable!("taken with room for {len} bytes"),
+        }
+        if let Err(e) = self.check(req, Errno::NoSpc, true) {
+            drop(payload);
+            self.settle()?;
             return self.reply(req, Err(e));
         }
         let mut reqs = vec![req];
@@ -323,7 +309,6 @@ impl Conn {
             export,
             reqs,
             payload,
-            answered: Ok(()),
         };
         lander
             .to_land
@@ -343,14 +328,18 @@ impl Conn {
         &self,
         r: &mut BufReader<Stream>,
         reqs: &mut Vec<Request>,
-        payload: &mut PagePayload,
+        payload: &mut PayloadBuf,
     ) -> io::Result<()> {
         let last = reqs[reqs.len() - 1];
         let mut end = last.offset + u64::from(last.len);
-        while let Some(next) = self.next_joining(r, end, payload.len)? {
-            let whole = payload.len;
-            if let Err(e) = r.read_exact(payload.grow(next.len as usize)) {
-                payload.len = whole;
+        while let Some(next) = self.next_joining(r, end, payload.room())? {
+            let whole = payload.len();
+            let read = match payload.extend(next.len as usize) {
+                Some(bytes) => r.read_exact(bytes),
+                None => unreachable!("joined only with room"),
+            };
+            if let Err(e) = read {
+                payload.truncate(whole);
                 return Err(e);
             }
             end += u64::from(next.len);
@@ -360,20 +349,20 @@ impl Conn {
     }
 
     /// The next request, if its header is in `r`'s buffer and it is a valid large
-    /// write starting at `end` that fits in a landing of `landing` bytes so far; its
-    /// header is consumed, its payload is not.
+    /// write starting at `end` whose payload fits in the `room` left in the landing;
+    /// its header is consumed, its payload is not.
     fn next_joining(
         &self,
         r: &mut BufReader<Stream>,
         end: u64,
-        landing: usize,
+        room: usize,
     ) -> io::Result<Option<Request>> {
         match Request::decode(r.buffer()) {
             Some(req)
                 if req.command == proto::CMD_WRITE
                     && (LAND_MIN_BYTES..=self.max_payload).contains(&req.len)
                     && req.offset == end
-                    && landing + req.len as usize <= MAX_LANDING_BYTES
+                    && req.len as usize <= room
                     && self.check(req, Errno::NoSpc, true).is_ok() =>
             {
                 proto::read_array::<_, { proto::REQUEST_LEN }>(r)?;
@@ -398,7 +387,6 @@ impl Conn {
             .recv()
             .map_err(|_| io::Error::other("the lander thread died"))?;
         self.export = Some(l.export);
-        self.spare = l.payload;
         l.answered
     }
 
@@ -537,8 +525,19 @@ impl Conn {
             return Err(ExportError::inval("read larger than maximum payload"));
         }
         self.check(req, Errno::Inval, false)?;
-        self.buf.resize(req.len as usize, 0);
-        if req.len > 0 {
+        let len = req.len as usize;
+        if len > SMALL_PAYLOAD {
+            let mut data = (self.budget)
+                .take(len, self.budget_wait)
+                .ok_or_else(out_of_memory)?;
+            match data.extend(len) {
+                Some(bytes) => present(&mut self.export).read(req.offset, bytes)?,
+                None => unreachable!("taken with room for {len} bytes"),
+            }
+            return Ok(Reply::LargeData(data));
+        }
+        self.buf.resize(len, 0);
+        if len > 0 {
             present(&mut self.export).read(req.offset, &mut self.buf)?;
         }
         Ok(Reply::Data)
@@ -575,18 +574,8 @@ impl Conn {
         match result {
             Err(e) => status_reply(w, structured, req, Some(&e)),
             Ok(Reply::Empty) => status_reply(w, structured, req, None),
-            Ok(Reply::Data) if !structured => {
-                status_reply(w, false, req, None)?;
-                w.write_all(&self.buf)
-            }
-            Ok(Reply::Data) if self.buf.is_empty() => status_reply(w, true, req, None),
-            Ok(Reply::Data) => {
-                // Written in place to avoid copying the data.
-                let h = chunk(req, proto::REPLY_TYPE_OFFSET_DATA, 8 + self.buf.len());
-                w.write_all(&h.encode())?;
-                w.write_all(&req.offset.to_be_bytes())?;
-                w.write_all(&self.buf)
-            }
+            Ok(Reply::Data) => data_reply(w, structured, req, &self.buf),
+            Ok(Reply::LargeData(data)) => data_reply(w, structured, req, data.bytes()),
             // Only negotiated with structured replies (`block_status` checks).
             Ok(Reply::BlockStatus(d)) => {
                 let payload = proto::encode_block_status(proto::BASE_ALLOCATION_ID, &d);
@@ -605,6 +594,27 @@ fn present(export: &mut Option<Box<dyn Export>>) -> &mut dyn Export {
         Some(e) => e,
         None => unreachable!("settled before every use"),
     }
+}
+
+/// Writes a successful read's reply, with its data.
+fn data_reply<W: Write>(w: &mut W, structured: bool, req: Request, data: &[u8]) -> io::Result<()> {
+    if !structured {
+        status_reply(w, false, req, None)?;
+        return w.write_all(data);
+    }
+    if data.is_empty() {
+        return status_reply(w, true, req, None);
+    }
+    // Written in place to avoid copying the data.
+    let h = chunk(req, proto::REPLY_TYPE_OFFSET_DATA, 8 + data.len());
+    w.write_all(&h.encode())?;
+    w.write_all(&req.offset.to_be_bytes())?;
+    w.write_all(data)
+}
+
+/// The answer to a request whose buffer the payload budget had no room for in time.
+fn out_of_memory() -> ExportError {
+    ExportError::new(Errno::NoMem, "server payload memory busy; try again")
 }
 
 /// Writes the reply to a request whose answer carries no data: success, or `error`.
