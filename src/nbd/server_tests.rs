@@ -632,7 +632,7 @@ fn the_header_behind_a_landing_joins_it_or_is_served_next() {
     const MIB: usize = 1 << 20;
     const TAIL: usize = 100;
     let srv = server();
-    let disk = srv.exports.add("big", 2 * MIB as u64, false);
+    let disk = srv.exports.add("big", 3 * MIB as u64, false);
     let write = |cookie: u64, offset: usize| Request {
         flags: 0,
         command: proto::CMD_WRITE,
@@ -659,7 +659,8 @@ fn the_header_behind_a_landing_joins_it_or_is_served_next() {
         c.s.write_all(&rest).unwrap();
     };
 
-    // A continuing write: one landing.
+    // A continuing write: one landing. (A landing joins as many bytes as the one
+    // before it held, plus its own: a stream's first landing takes one write.)
     let mut c = srv.client("big", false, false);
     let mut then = write(2, MIB).encode().to_vec();
     then.extend_from_slice(&vec![2u8; MIB]);
@@ -668,19 +669,40 @@ fn the_header_behind_a_landing_joins_it_or_is_served_next() {
     assert_eq!(cookies, [1, 2]);
     assert_eq!(
         disk.take_largest_write(),
-        2 * MIB,
-        "the second write joined"
+        MIB,
+        "a first landing joins nothing"
     );
-    let want: Vec<u8> = [vec![1u8; MIB], vec![2u8; MIB]].concat();
+    let mut third = write(3, 2 * MIB).encode().to_vec();
+    third.extend_from_slice(&vec![3u8; MIB]);
+    // Write 1 again, then 2 and 3 behind it: the stream's third landing.
+    let mut again = write(1, 0).encode().to_vec();
+    again.extend_from_slice(&vec![1u8; MIB]);
+    c.s.write_all(&again).unwrap();
+    assert_eq!(c.recv(0).unwrap().cookie, 1);
+    let mut both = write(2, MIB).encode().to_vec();
+    both.extend_from_slice(&vec![2u8; MIB - TAIL]);
+    c.s.write_all(&both).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut rest = vec![2u8; TAIL];
+    rest.extend_from_slice(&third);
+    c.s.write_all(&rest).unwrap();
+    let cookies: Vec<u64> = (0..2).map(|_| c.recv(0).unwrap().cookie).collect();
+    assert_eq!(cookies, [2, 3]);
+    assert_eq!(
+        disk.take_largest_write(),
+        2 * MIB,
+        "the third write joined the second"
+    );
+    let want: Vec<u8> = [vec![1u8; MIB], vec![2u8; MIB], vec![3u8; MIB]].concat();
     assert!(disk.contents() == want);
 
     // A read: served after the write.
     let mut c = srv.client("big", false, false);
-    open_landing(&mut c, 3, &read.encode());
+    open_landing(&mut c, 5, &read.encode());
     assert_eq!(c.recv(0).unwrap().cookie, 1);
     let r = c.recv(4096).unwrap();
     assert_eq!((r.cookie, r.error), (2, 0));
-    assert_eq!(r.data, vec![3u8; 4096], "the read sees the write before it");
+    assert_eq!(r.data, vec![5u8; 4096], "the read sees the write before it");
     assert_eq!(disk.take_largest_write(), MIB);
 
     // Part of a header: the write is answered before the rest comes.
@@ -825,7 +847,8 @@ fn large_writes_land_in_order_beside_the_reads() {
 fn a_full_payload_budget_answers_enomem_and_recovers() {
     let opts = ServerOptions {
         max_payload_bytes: 1 << 20,
-        payload_budget_bytes: 2 << 20,
+        // Raised to one largest payload: the stalled 1 MiB write takes all of it.
+        payload_budget_bytes: 0,
         payload_wait: Duration::from_millis(200),
         ..ServerOptions::default()
     };

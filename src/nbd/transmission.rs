@@ -31,6 +31,18 @@
 //! next header is: a payload's last piece, shorter than the buffer, is read through
 //! it, and that read takes whatever the client sent behind it.)
 //!
+//! **How much joins.** A landing joins at most as many bytes as the landing before it
+//! held, plus its first write's (and at most [`MAX_LANDING_BYTES`]); the landing
+//! before counts while the stream of large writes goes on unbroken (any other request
+//! starts it over). A landing that took every write the client has in flight would
+//! leave nothing to receive while it is written: the client sends more only once it
+//! is answered, so receiving and writing would take turns (a QD8 stream of 1 MiB
+//! writes landed 8 MiB at a time, each landing all the client had sent). With the
+//! rule, a stream's first landing takes one write, the next up to two, and so on, and
+//! the stream settles into landings that split the client's window about in half, one
+//! written while the other is received; a client with one or two writes in flight
+//! is never held back for a join.
+//!
 //! **Memory.** A landing's buffer, and a large read's, come from the server's
 //! [`PayloadBudget`] (see its module) and go back as soon as the request is done:
 //! the lander gives a landing's back before it hands the export back, so a reader
@@ -97,6 +109,7 @@ pub(super) fn serve(
         batch: Vec::new(),
         out: Replies(Arc::new(Mutex::new(w))),
         lander: None,
+        last_landing: 0,
     };
     let result = conn.run(r);
     // A write still landing is answered; replies already produced are owed to the
@@ -144,6 +157,9 @@ struct Conn {
     out: Replies,
     /// Started by the first large write.
     lander: Option<Lander>,
+    /// Payload bytes of the last landing while a stream of large writes goes on; 0
+    /// once anything else needed the export.
+    last_landing: usize,
 }
 
 /// The connection's reply writer, shared with its lander thread; each reply is
@@ -253,6 +269,7 @@ impl Conn {
                 self.land(r, req)?;
                 continue;
             }
+            self.last_landing = 0;
             self.settle()?;
             let result = match req.command {
                 proto::CMD_DISC => return Ok(()),
@@ -273,14 +290,18 @@ impl Conn {
     /// Receives a large write's payload (while the last one lands), then hands it
     /// to the lander with the export.
     fn land(&mut self, r: &mut BufReader<Stream>, req: Request) -> io::Result<()> {
-        // Room for the writes that may join it (`join`), as far as the budget goes.
-        let capacity = (req.len as usize).max(MAX_LANDING_BYTES.min(self.budget.largest()));
+        // Room for the writes that may join it (`join`): as many bytes as the landing
+        // before held, and this write's (module docs, "How much joins").
+        let len = req.len as usize;
+        let room = (self.last_landing + len)
+            .min(MAX_LANDING_BYTES)
+            .min(self.budget.largest());
+        let capacity = len.max(room);
         let Some(mut payload) = self.budget.take(capacity, self.budget_wait) else {
             proto::skip(r, u64::from(req.len))?;
             self.settle()?;
             return self.reply(req, Err(out_of_memory()));
         };
-        let len = req.len as usize;
         match payload.extend(len) {
             Some(bytes) => r.read_exact(bytes)?,
             None => unreachable!("taken with room for {len} bytes"),
@@ -305,6 +326,7 @@ impl Conn {
         let Some(export) = self.export.take() else {
             unreachable!("settled above");
         };
+        self.last_landing = payload.len();
         let landing = Landing {
             export,
             reqs,
