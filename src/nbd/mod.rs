@@ -244,9 +244,14 @@ pub trait Export: Send {
 /// Limits of a [`Server`].
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
-    /// Connections served at once; beyond it a new connection is closed at
-    /// once. Default 256.
+    /// Connections served at once. Beyond it a new connection takes the place of
+    /// the one idle the longest (in its handshake, or waiting for a request with
+    /// every one before answered), if one has been idle `evict_idle_after`;
+    /// otherwise it is closed at once. Default 256.
     pub max_connections: usize,
+    /// See `max_connections`. Default 100 ms (a client between two requests of a
+    /// busy stream is idle for microseconds).
+    pub evict_idle_after: Duration,
     /// A client that does not finish option haggling within this is dropped.
     /// Default 10 s.
     pub handshake_timeout: Duration,
@@ -272,6 +277,7 @@ impl Default for ServerOptions {
     fn default() -> ServerOptions {
         ServerOptions {
             max_connections: 256,
+            evict_idle_after: Duration::from_millis(100),
             handshake_timeout: Duration::from_secs(10),
             max_payload_bytes: 32 << 20,
             poll_max: Duration::from_micros(64),

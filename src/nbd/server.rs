@@ -60,33 +60,62 @@ struct Shared {
     stopping: AtomicBool,
     wake: WakeAddr,
     next_id: AtomicU64,
-    /// Live connections (clones of their sockets), keyed by id.
-    conns: Mutex<HashMap<u64, Stream>>,
+    /// Live connections (clones of their sockets, and whether each is idle), keyed
+    /// by id.
+    conns: Mutex<HashMap<u64, (Stream, Arc<Activity>)>>,
+    /// What [`Activity`] measures time from.
+    epoch: Instant,
     /// Every connection's large payload buffers come from here.
     budget: Arc<PayloadBudget>,
 }
 
 impl Shared {
-    fn conns(&self) -> MutexGuard<'_, HashMap<u64, Stream>> {
+    fn conns(&self) -> MutexGuard<'_, HashMap<u64, (Stream, Arc<Activity>)>> {
         // A panicking connection thread cannot leave the map inconsistent.
         self.conns.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Registers a connection; `None` if the server is stopping.
-    fn register(&self, stream: &Stream) -> Option<u64> {
+    /// Registers a connection, idle until it is through the handshake; `None` if
+    /// the server is stopping.
+    fn register(&self, stream: &Stream) -> Option<(u64, Arc<Activity>)> {
         let clone = stream.try_clone().ok()?;
+        let activity = Arc::new(Activity {
+            epoch: self.epoch,
+            idle_since: AtomicU64::new(0),
+        });
+        activity.idle();
         let mut conns = self.conns();
         if self.stopping.load(Ordering::SeqCst) {
             return None;
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        conns.insert(id, clone);
-        Some(id)
+        conns.insert(id, (clone, Arc::clone(&activity)));
+        Some((id, activity))
     }
 
     fn shutdown_all(&self, how: Shutdown) {
-        for s in self.conns().values() {
+        for (s, _) in self.conns().values() {
             s.shutdown(how);
+        }
+    }
+
+    /// Ends the connection idle the longest, if one has been idle for `after` at
+    /// least: its reading side is shut, so it sees the client leave between two
+    /// requests (having answered every one) or in its handshake. Whether one was.
+    fn evict_idlest(&self, after: Duration) -> bool {
+        let now = self.epoch.elapsed().as_nanos();
+        let conns = self.conns();
+        let idlest = (conns.values())
+            .filter_map(|(s, a)| Some((s, a, a.idle_since()?)))
+            .filter(|&(_, _, since)| now.saturating_sub(u128::from(since)) >= after.as_nanos())
+            .min_by_key(|&(_, _, since)| since);
+        match idlest {
+            Some((stream, activity, _)) => {
+                activity.busy(); // not chosen again while it ends
+                stream.shutdown(Shutdown::Read);
+                true
+            }
+            None => false,
         }
     }
 }
@@ -132,6 +161,7 @@ impl Server {
             wake,
             next_id: AtomicU64::new(0),
             conns: Mutex::new(HashMap::new()),
+            epoch: Instant::now(),
             budget: PayloadBudget::new(opts.payload_budget_bytes, opts.max_payload_bytes as usize),
         });
         Ok(Server {
@@ -179,7 +209,12 @@ impl Server {
                 break;
             }
             threads.retain(|t| !t.is_finished());
-            if threads.len() >= self.opts.max_connections {
+            // At the limit, a newcomer takes the place of the connection idle the
+            // longest (an evicted one may still be ending: the limit is on the ones
+            // served, not on threads for a moment).
+            if threads.len() >= self.opts.max_connections
+                && !self.shared.evict_idlest(self.opts.evict_idle_after)
+            {
                 stream.shutdown(Shutdown::Both);
                 continue;
             }
@@ -206,7 +241,7 @@ impl Server {
     /// Starts a connection thread; `None` (connection dropped) if stopping or
     /// the thread cannot be made.
     fn spawn(&self, stream: Stream, exports: &Arc<dyn Exports>) -> Option<JoinHandle<()>> {
-        let id = self.shared.register(&stream)?;
+        let (id, activity) = self.shared.register(&stream)?;
         let shared = Arc::clone(&self.shared);
         let exports = Arc::clone(exports);
         let opts = self.opts.clone();
@@ -217,7 +252,7 @@ impl Server {
                 let budget = Arc::clone(&shared.budget);
                 let _guard = Deregister { shared, id };
                 // Errors only say why this connection ended; nothing to do.
-                let _ = serve_connection(stream, exports.as_ref(), &opts, budget);
+                let _ = serve_connection(stream, exports.as_ref(), &opts, budget, activity);
             });
         match spawned {
             Ok(t) => Some(t),
@@ -252,6 +287,30 @@ impl Server {
     }
 }
 
+/// Whether a connection is idle, and since when: in its handshake, or waiting for a
+/// request with every one before answered. The one idle the longest makes way for a
+/// newcomer when the server is full ([`ServerOptions::evict_idle_after`]).
+pub(super) struct Activity {
+    epoch: Instant,
+    /// Nanoseconds from `epoch` (at least 1) since the connection is idle; 0: busy.
+    idle_since: AtomicU64,
+}
+
+impl Activity {
+    pub(super) fn idle(&self) {
+        let nanos = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.idle_since.store(nanos.max(1), Ordering::Relaxed);
+    }
+
+    pub(super) fn busy(&self) {
+        self.idle_since.store(0, Ordering::Relaxed);
+    }
+
+    fn idle_since(&self) -> Option<u64> {
+        Some(self.idle_since.load(Ordering::Relaxed)).filter(|&t| t != 0)
+    }
+}
+
 /// Removes a connection from the registry when its thread ends (even by panic).
 struct Deregister {
     shared: Arc<Shared>,
@@ -270,6 +329,7 @@ fn serve_connection(
     exports: &dyn Exports,
     opts: &ServerOptions,
     budget: Arc<PayloadBudget>,
+    activity: Arc<Activity>,
 ) -> io::Result<()> {
     let mut w = BufWriter::with_capacity(WRITE_BUF, stream.try_clone()?);
     let mut r = BufReader::with_capacity(READ_BUF, stream);
@@ -280,7 +340,7 @@ fn serve_connection(
     };
     r.get_mut().set_deadline(None)?;
     r.get_mut().set_poll_max(opts.poll_max);
-    transmission::serve(&mut r, w, session, opts, budget)
+    transmission::serve(&mut r, w, session, opts, budget, activity)
 }
 
 fn bind_unix(path: &Path) -> io::Result<(Listener, WakeAddr)> {

@@ -492,6 +492,7 @@ fn handshake_timeout_drops_idle_client() {
 fn max_connections_closes_extra() {
     let opts = ServerOptions {
         max_connections: 1,
+        evict_idle_after: Duration::from_secs(3600),
         ..ServerOptions::default()
     };
     let srv = TestServer::start(opts);
@@ -499,6 +500,38 @@ fn max_connections_closes_extra() {
     let mut second = UnixStream::connect(&srv.path).unwrap();
     assert!(closed(&mut second));
     assert_eq!(first.cmd(proto::CMD_FLUSH, 0, 0, 0, &[]).unwrap().error, 0);
+}
+
+/// A full server makes room for a newcomer by ending the connection idle the
+/// longest, so idle connections (or a flood of sockets that never say a word) cannot
+/// lock clients out.
+#[test]
+fn a_newcomer_takes_the_place_of_the_connection_idle_the_longest() {
+    let idle = Duration::from_millis(50);
+    let opts = ServerOptions {
+        max_connections: 2,
+        evict_idle_after: idle,
+        ..ServerOptions::default()
+    };
+    let srv = TestServer::start(opts);
+    let mut a = srv.client("disk1", false, false);
+    std::thread::sleep(2 * idle);
+    let mut b = srv.client("disk1", false, false);
+    assert_eq!(b.cmd(proto::CMD_WRITE, 0, 0, 4, &[1; 4]).unwrap().error, 0);
+    std::thread::sleep(2 * idle);
+    let mut c = srv.client("disk1", false, false);
+    assert!(closed(&mut a.s), "the idlest made way");
+    assert_eq!(b.cmd(proto::CMD_READ, 0, 0, 4, &[]).unwrap().data, [1; 4]);
+    assert_eq!(c.cmd(proto::CMD_FLUSH, 0, 0, 0, &[]).unwrap().error, 0);
+
+    // Hundreds of sockets that never handshake, then a client: it gets in.
+    let flood: Vec<UnixStream> = (0..300)
+        .map(|_| UnixStream::connect(&srv.path).unwrap())
+        .collect();
+    std::thread::sleep(2 * idle);
+    let mut d = srv.client("disk1", false, false);
+    assert_eq!(d.cmd(proto::CMD_READ, 0, 0, 4, &[]).unwrap().data, [1; 4]);
+    drop(flood);
 }
 
 #[test]

@@ -58,6 +58,7 @@ use std::thread::JoinHandle;
 use super::budget::{PayloadBudget, PayloadBuf, SMALL_PAYLOAD};
 use super::handshake::Session;
 use super::proto::{self, ChunkHeader, Descriptor, Request, SimpleReply};
+use super::server::Activity;
 use super::stream::Stream;
 use super::{Errno, Export, ExportError, ServerOptions, ZeroFlags};
 
@@ -87,6 +88,7 @@ pub(super) fn serve(
     session: Session,
     opts: &ServerOptions,
     budget: Arc<PayloadBudget>,
+    activity: Arc<Activity>,
 ) -> io::Result<()> {
     let Session {
         export,
@@ -110,6 +112,7 @@ pub(super) fn serve(
         out: Replies(Arc::new(Mutex::new(w))),
         lander: None,
         last_landing: 0,
+        activity,
     };
     let result = conn.run(r);
     // A write still landing is answered; replies already produced are owed to the
@@ -160,6 +163,8 @@ struct Conn {
     /// Payload bytes of the last landing while a stream of large writes goes on; 0
     /// once anything else needed the export.
     last_landing: usize,
+    /// Set idle while waiting for a request with nothing in flight.
+    activity: Arc<Activity>,
 }
 
 /// The connection's reply writer, shared with its lander thread; each reply is
@@ -251,12 +256,20 @@ impl Lander {
 impl Conn {
     fn run(&mut self, r: &mut BufReader<Stream>) -> io::Result<()> {
         loop {
-            if !complete_request_buffered(r.buffer()) {
+            let waits = !complete_request_buffered(r.buffer());
+            if waits {
                 self.out.lock().flush()?;
                 // The client has all our answers; its next request is the wait.
                 r.get_mut().poll_next_read();
+                if self.export.is_some() {
+                    self.activity.idle();
+                }
             }
-            let header: [u8; proto::REQUEST_LEN] = match proto::read_array(r) {
+            let header = proto::read_array::<_, { proto::REQUEST_LEN }>(r);
+            if waits {
+                self.activity.busy();
+            }
+            let header = match header {
                 Ok(h) => h,
                 // EOF between requests: the client left (or we shut down reads).
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
