@@ -232,11 +232,30 @@ pub(crate) fn defrag(shared: &Shared, version: Option<&str>) -> Result<CleanRepo
         }
     };
     for name in names {
-        // Which leaves to move: every leaf reachable from the version, in key order, as
-        // of a settled state. The relocation settles again under the writer lock, so
-        // a leaf rewritten in between is simply not moved. Branches move as the
+        // Which leaves to move: every written leaf reachable from the version, in key
+        // order, as of a settled state (every node written). Branches move as the
         // leaves' parents.
-        let leaves = {
+        //
+        // Only the settle and the taking of the root hold the writer lock: the walk
+        // reads every node of the tree, tens of milliseconds for a large one, and
+        // commits and snapshots must not wait for it. (Lending the lock during the walk
+        // would serve snapshots but never commits, which are not lent.) Walking
+        // without the lock is safe because what it reads cannot change under it:
+        // - every node the root reaches is written, and a written node is never
+        //   changed in place (`btree::write` edits only unwritten nodes of the current
+        //   epoch; anything else is copied first); the root itself is our own clone;
+        // - its blocks stay readable at their addresses: addresses are never reused
+        //   (segments are only appended to, and ids are never reused), and `hold`, a
+        //   view registered at this state's LSN, keeps every segment this state
+        //   reaches from being deleted (`engine::view`): whatever frees one of these
+        //   nodes later (a commit, a drop) has a later LSN, and so has the checkpoint
+        //   that empties its segment, whose deletion waits for older views.
+        // The list may be stale by the time a round uses it, as it always could be
+        // between rounds: `relocate` settles again under the writer lock and walks
+        // the versions as they are then, so a listed leaf that was rewritten or freed
+        // meanwhile is reached by no version and simply not moved (`Victims::picks`
+        // picks by address, only among the nodes that walk reaches).
+        let (hold, root) = {
             let mut w = shared.lock_writer_lending()?;
             settle(shared, &mut w, false)?;
             let Some(v) = w.catalog.by_name(&name) else {
@@ -245,12 +264,16 @@ pub(crate) fn defrag(shared: &Shared, version: Option<&str>) -> Result<CleanRepo
                 }
                 continue; // dropped meanwhile
             };
-            let mut leaves = Leaves::default();
-            if let Some(root) = v.root.clone() {
-                walk(&mut ReadAhead(shared.loader()), &root, &mut leaves)?;
-            }
-            leaves.in_order
+            (shared.hold_space(&w), v.root.clone())
         };
+        let mut leaves = Leaves::default();
+        if let Some(root) = &root {
+            walk(&mut ReadAhead(shared.loader()), root, &mut leaves)?;
+        }
+        // The relocation's own settle and walk need no old state kept: let the
+        // segments this one reached go as soon as nothing else reaches them.
+        drop(hold);
+        let leaves = leaves.in_order;
         // In rounds of about `ROUND_BYTES`, key range after key range: each round's
         // checkpoint writes its copies in key order, after the previous round's.
         for chunk in chunks_of_bytes(&leaves, ROUND_BYTES) {

@@ -434,3 +434,187 @@ fn backrefs_of_a_segment_that_is_not_there_is_empty() {
         assert!(store.backrefs(segment).unwrap().is_empty(), "{segment:#x}");
     }
 }
+
+/// The longest pauses writers saw while `defrag` ran beside them.
+#[derive(Debug)]
+struct Pauses {
+    /// The longest small commit to `main`.
+    commit: std::time::Duration,
+    /// The longest snapshot of `main` (made without waiting for its fsync).
+    snapshot: std::time::Duration,
+    /// Commits and snapshots made while `defrag` ran.
+    commits: u64,
+    snapshots: u64,
+}
+
+/// The keys and values of `main`'s commit `i` in [`defrag_beside_writers`]: a few
+/// of 2,000 `w` keys, and `wcount`, which names the last commit a snapshot holds.
+fn commit_pairs(i: u64) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut pairs: Vec<(Vec<u8>, Vec<u8>)> = (0..4)
+        .map(|j| {
+            let key = format!("w{:05}", (i * 4 + j) % 2_000).into_bytes();
+            (key, format!("w{i}.{j}").into_bytes())
+        })
+        .collect();
+    pairs.push((b"wcount".to_vec(), i.to_string().into_bytes()));
+    pairs
+}
+
+/// `defrag` of a `keys`-key `main`, `runs` times over, beside a thread committing
+/// small transactions to `main` ([`commit_pairs`]) and one snapshotting it. Each
+/// snapshot's `w` keys must be exactly those of the commits up to the one its
+/// `wcount` names; at the end `main` holds the fill and every commit, and the store
+/// verifies clean. A small page cache makes the walk of `main`'s leaves read them
+/// from the segments, as on a store much larger than its cache. Returns the longest
+/// pauses of the two writers while `defrag` ran.
+fn defrag_beside_writers(keys: usize, runs: usize) -> Pauses {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let opts = cambium::Options {
+        auto_clean_dead_percent: None,
+        cache_bytes: 4 << 20,
+        ..Default::default()
+    };
+    let store = Store::create_with(dir.path().join("db"), opts).unwrap();
+    // Small values: many leaves for the walk to go through.
+    let mut filled = Model::new();
+    for batch in (0..keys).collect::<Vec<_>>().chunks(100_000) {
+        let mut txn = store.begin_write().unwrap();
+        for &i in batch {
+            let key = format!("key{i:08}").into_bytes();
+            let value = format!("v{i}").into_bytes();
+            txn.put(&key, &value).unwrap();
+            filled.insert(key, value);
+        }
+        txn.commit().unwrap();
+    }
+    store.checkpoint().unwrap();
+    let done = AtomicBool::new(false);
+    let (store, done) = (&store, &done);
+    let (pauses, committed) = std::thread::scope(|scope| {
+        let committer = scope.spawn(|| {
+            let (mut longest, mut commits) = (Duration::ZERO, 0);
+            let mut i = 0;
+            while !done.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let mut txn = store.begin_write().unwrap();
+                txn.set_durability(cambium::Durability::Deferred);
+                for (k, v) in commit_pairs(i) {
+                    txn.put(&k, &v).unwrap();
+                }
+                txn.commit().unwrap();
+                if !done.load(Ordering::Relaxed) {
+                    longest = longest.max(t.elapsed());
+                    commits += 1;
+                }
+                i += 1;
+            }
+            (longest, commits, i)
+        });
+        let (made, dropped) = std::sync::mpsc::channel::<String>();
+        let snapshotter = scope.spawn(move || {
+            // The model as of commit `upto` (snapshots only see later commits).
+            let (mut model, mut upto) = (Model::new(), None::<u64>);
+            let (mut longest, mut snapshots) = (Duration::ZERO, 0);
+            let mut n = 0;
+            while !done.load(Ordering::Relaxed) {
+                let name = format!("s{n}");
+                let t = Instant::now();
+                store
+                    .snapshot_with("main", &name, cambium::Durability::Deferred)
+                    .unwrap();
+                if !done.load(Ordering::Relaxed) {
+                    longest = longest.max(t.elapsed());
+                    snapshots += 1;
+                }
+                let mut got = Model::new();
+                for kv in store.read_at(&name).unwrap().prefix(b"w").unwrap() {
+                    let (k, v) = kv.unwrap();
+                    got.insert(k, v);
+                }
+                if let Some(count) = got.get(&b"wcount"[..]) {
+                    let count: u64 = String::from_utf8_lossy(count).parse().unwrap();
+                    assert!(upto.is_none_or(|u| u <= count), "{name} went back");
+                    for i in upto.map_or(0, |u| u + 1)..=count {
+                        model.extend(commit_pairs(i));
+                    }
+                    upto = Some(count);
+                }
+                assert!(
+                    diff(&got, &model).is_none(),
+                    "{name}: {:?}",
+                    diff(&got, &model)
+                );
+                made.send(name).unwrap();
+                n += 1;
+                // Not back to back: a relocation round abandons its plan to serve a
+                // snapshot and plans again, so snapshots coming faster than a plan
+                // takes (tens of ms with this small cache) would hold the round off
+                // for good, and every commit with it.
+                std::thread::sleep(Duration::from_millis(25));
+            }
+            (longest, snapshots)
+        });
+        // Drops all but the last few snapshots, on a thread of its own: a drop is
+        // not lent the writer lock, and would keep the snapshots few and far between.
+        let dropper = scope.spawn(move || {
+            let mut kept = std::collections::VecDeque::new();
+            for name in dropped {
+                kept.push_back(name);
+                if kept.len() > 8 {
+                    store.drop_version(&kept.pop_front().unwrap()).unwrap();
+                }
+            }
+        });
+        for _ in 0..runs {
+            let report = store.defrag(Some("main")).unwrap();
+            assert!(report.blocks_moved > 0, "{report:?}");
+        }
+        done.store(true, Ordering::Relaxed);
+        let (snapshot, snapshots) = snapshotter.join().unwrap();
+        dropper.join().unwrap();
+        let (commit, commits, made) = committer.join().unwrap();
+        let pauses = Pauses {
+            commit,
+            snapshot,
+            commits,
+            snapshots,
+        };
+        (pauses, made)
+    });
+    let mut want = filled;
+    for i in 0..committed {
+        want.extend(commit_pairs(i));
+    }
+    check(store, "main", &want);
+    let report = store.verify().unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    pauses
+}
+
+/// `defrag` goes on beside commits to and snapshots of the version it moves, and
+/// none of them loses or mixes up data. (How long they wait is measured by
+/// `defrag_writer_pauses`, not asserted: timing is too noisy for a test.)
+#[test]
+fn defrag_runs_beside_commits_and_snapshots() {
+    let pauses = defrag_beside_writers(1_000_000, 2);
+    assert!(pauses.commits > 0 && pauses.snapshots > 0, "{pauses:?}");
+}
+
+/// Prints the longest commit and snapshot pauses beside `defrag` of a large tree:
+/// `cargo test --release --test clean defrag_writer_pauses -- --ignored --nocapture`.
+/// `CAMBIUM_DEFRAG_KEYS` sets the tree's size (default 2,000,000 keys).
+#[test]
+#[ignore = "a measurement, not a check"]
+fn defrag_writer_pauses() {
+    let keys = std::env::var("CAMBIUM_DEFRAG_KEYS")
+        .ok()
+        .and_then(|k| k.parse().ok())
+        .unwrap_or(2_000_000);
+    let p = defrag_beside_writers(keys, 3);
+    println!(
+        "defrag of {keys} keys: longest commit {:?}, longest snapshot {:?} ({} commits, {} snapshots)",
+        p.commit, p.snapshot, p.commits, p.snapshots
+    );
+}
