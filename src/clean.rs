@@ -62,6 +62,10 @@ use std::collections::HashSet;
 use std::ops::Range;
 use std::sync::Arc;
 
+/// Plans of a relocation round abandoned to serve a version operation (`relocate`)
+/// before one is finished whatever waits.
+const MAX_ABANDONED_PLANS: u32 = 4;
+
 /// Live bytes moved per relocation round at most: the copies are dirty nodes in
 /// memory until the round's checkpoint writes them.
 const ROUND_BYTES: u64 = 16 << 20;
@@ -723,10 +727,17 @@ fn relocate(
         });
     }
     // Planning changes nothing, so a version operation waiting for the lock is served
-    // by abandoning the plan and planning again: a snapshot waits for no round.
+    // by abandoning the plan and planning again: a snapshot waits for no round. But
+    // only a few times a round: snapshots coming faster than a plan takes would
+    // otherwise starve it, and every writer waiting for the round with it (a round
+    // with snapshots every 5 ms was planned 169 times over 5 s); the last plan is
+    // finished whatever waits, so a snapshot waits for at most one plan.
+    let mut abandoned = 0;
     let plan = loop {
         guard.serve();
-        let interrupted = || guard.requested();
+        let patient = abandoned >= MAX_ABANDONED_PLANS;
+        abandoned += 1;
+        let interrupted = || !patient && guard.requested();
         let Some(closure) = closure(shared, &guard, victims, &interrupted) else {
             continue;
         };
