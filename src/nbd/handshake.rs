@@ -263,17 +263,18 @@ impl<W: Write> Haggle<'_, W> {
     }
 }
 
-/// Transmission flags for an export; DF only makes sense with structured replies.
+/// Transmission flags for an export; DF only makes sense with structured replies,
+/// and the writing commands' flags only on an export that can be written (the
+/// commands are refused with EPERM on a read-only one anyway).
 pub(super) fn transmission_flags(read_only: bool, structured: bool) -> u16 {
-    let mut f = proto::TFLAG_HAS_FLAGS
-        | proto::TFLAG_SEND_FLUSH
-        | proto::TFLAG_SEND_FUA
-        | proto::TFLAG_SEND_TRIM
-        | proto::TFLAG_SEND_WRITE_ZEROES
-        | proto::TFLAG_CAN_MULTI_CONN
-        | proto::TFLAG_SEND_FAST_ZERO;
+    let mut f = proto::TFLAG_HAS_FLAGS | proto::TFLAG_SEND_FLUSH | proto::TFLAG_CAN_MULTI_CONN;
     if read_only {
         f |= proto::TFLAG_READ_ONLY;
+    } else {
+        f |= proto::TFLAG_SEND_FUA
+            | proto::TFLAG_SEND_TRIM
+            | proto::TFLAG_SEND_WRITE_ZEROES
+            | proto::TFLAG_SEND_FAST_ZERO;
     }
     if structured {
         f |= proto::TFLAG_SEND_DF;

@@ -269,6 +269,15 @@ fn info_reports_name_and_block_size() {
         .filter_map(|(_, d)| proto::Info::decode(d))
         .collect();
     let flags = super::handshake::transmission_flags(true, false);
+    let writing = proto::TFLAG_SEND_TRIM
+        | proto::TFLAG_SEND_WRITE_ZEROES
+        | proto::TFLAG_SEND_FUA
+        | proto::TFLAG_SEND_FAST_ZERO;
+    assert_eq!(
+        (flags & proto::TFLAG_READ_ONLY, flags & writing),
+        (proto::TFLAG_READ_ONLY, 0),
+        "a read-only export offers no writing command"
+    );
     assert_eq!(
         infos,
         [
