@@ -197,7 +197,9 @@ fn verify_text(report: &VerifyReport) -> String {
         human_bytes(report.bytes),
         plural(report.wal_records, "WAL record", "WAL records"),
         if report.wal_torn_tail {
-            " (a torn record at the WAL's end was ignored)"
+            // A crash's torn write, or the records of a recycled log file's
+            // earlier use: neither was ever acknowledged from this file.
+            " (bytes after the WAL's last record were ignored: a torn write or a reused file's old records)"
         } else {
             ""
         }
