@@ -271,3 +271,101 @@ fn import_from_stdin_and_pipes() {
     );
     assert!(ok(t.run("verify", &[])).contains("clean"));
 }
+
+/// An import killed halfway leaves a volume marked incomplete (never taken for the
+/// image: listed so, not exported), and running the import again replaces it.
+#[test]
+fn an_import_cut_short_is_marked_and_replaced_by_the_next() {
+    use std::io::Write;
+    let t = TestStore::new();
+    ok(t.volume("create", &["other", "--size", "1M"]));
+    let mut child = std::process::Command::new(cli_common::BIN)
+        .args(["volume", "import", t.d(), "img", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    // More than one copy chunk: once the pipe has taken it all, the import has
+    // made the volume and is copying into it (the store is its own meanwhile).
+    stdin.write_all(&vec![0x6Bu8; 12 << 20]).unwrap();
+    stdin.flush().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(stdin);
+
+    let listed = t.volume_json("list", &[]);
+    let img = &listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "img")
+        .unwrap();
+    assert_eq!(img["incomplete"], true);
+    assert_eq!(listed[0]["incomplete"], false, "other volumes are whole");
+    let text = ok(t.volume("list", &[]));
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("img ") && l.contains(" incomplete ")),
+        "{text}"
+    );
+    let verified = ok(t.run("verify", &[]));
+    assert!(verified.contains("clean"), "{verified}");
+
+    // The same import again, from a file: it replaces the remains.
+    let tmp = tempfile::tempdir().unwrap();
+    let image = tmp.path().join("img.raw");
+    std::fs::write(&image, vec![0x2Fu8; 3 << 20]).unwrap();
+    ok(t.volume("import", &["img", s(&image)]));
+    let listed = t.volume_json("list", &[]);
+    let img = &listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "img")
+        .unwrap();
+    assert_eq!(
+        (img["incomplete"].as_bool(), img["size_bytes"].as_u64()),
+        (Some(false), Some(3 << 20))
+    );
+    let back = tmp.path().join("back.raw");
+    ok(t.volume("export", &["img", s(&back)]));
+    assert!(std::fs::read(&back).unwrap() == vec![0x2Fu8; 3 << 20]);
+    // A whole volume is not replaced: the name is taken.
+    fails(t.volume("import", &["img", s(&image)]), 3, &["img"]);
+}
+
+/// `volume export` to stdout (`-`) and to a file that is not a regular one (here a
+/// pipe): the whole image in order, holes as zeroes, nothing else on stdout.
+#[test]
+fn export_to_stdout_and_pipes() {
+    let t = TestStore::new();
+    let tmp = tempfile::tempdir().unwrap();
+    let image = tmp.path().join("img.raw");
+    let mut bytes = vec![0u8; 3 << 20];
+    bytes[4096..8192].fill(0x11);
+    bytes[(2 << 20) + 512..(2 << 20) + 4096].fill(0x22);
+    std::fs::write(&image, &bytes).unwrap();
+    ok(t.volume("import", &["img", s(&image)]));
+
+    let out = t.volume("export", &["img", "-"]);
+    assert!(out.status.success(), "{}", cli_common::stderr(&out));
+    assert!(out.stdout == bytes, "stdout is the image");
+    assert!(cli_common::stderr(&out).contains("exported volume img to stdout"));
+
+    let fifo = tmp.path().join("out.fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(fifo).unwrap())
+    };
+    ok(t.volume("export", &["img", s(&fifo)]));
+    assert!(reader.join().unwrap() == bytes, "the pipe got the image");
+    assert!(fifo.exists(), "a pipe is written to, not replaced");
+}

@@ -365,7 +365,8 @@ pub enum VolumeCommand {
         dir: PathBuf,
         /// The volume or snapshot.
         name: String,
-        /// The file to write (replaced if it exists).
+        /// The file to write (replaced if it exists); or a device or pipe, or `-` for
+        /// stdout, written in order with holes as zeroes.
         file: PathBuf,
     },
 }

@@ -224,6 +224,19 @@ impl Outcome {
         let json = serde_json::to_value(json).map_err(|e| CliError::failure(e.to_string()))?;
         Ok(Outcome { text, json })
     }
+
+    /// An outcome that prints nothing (a command whose output is its data).
+    pub fn nothing() -> Outcome {
+        Outcome {
+            text: String::new(),
+            json: serde_json::Value::Null,
+        }
+    }
+
+    /// Whether it is [`Outcome::nothing`].
+    pub fn is_nothing(&self) -> bool {
+        self.text.is_empty() && self.json.is_null()
+    }
 }
 
 /// A request with how its answer is wanted.

@@ -81,7 +81,11 @@ pub fn volume(ctx: &Ctx, out: &mut impl Write, cmd: &VolumeCommand) -> CliResult
             dir,
             Request::VolumeExport {
                 name: owned(name),
-                file: absolute(file)?,
+                // `-` is stdout, which only this process can write to.
+                file: match file == Path::new("-") {
+                    true => "-".to_owned(),
+                    false => absolute(file)?,
+                },
             },
         ),
     };
@@ -276,7 +280,9 @@ fn print_outcome(ctx: &Ctx, request: &Request, out: &mut dyn Write, outcome: Out
     if let Some(what) = describe(request) {
         ctx.committed(what);
     }
-    if ctx.json {
+    if outcome.is_nothing() {
+        Ok(())
+    } else if ctx.json {
         print_json(&mut &mut *out, &outcome.json)
     } else {
         out.write_all(outcome.text.as_bytes()).map_err(output_error)

@@ -70,9 +70,13 @@ pub fn execute(
             )
         }
         Request::VolumeDrop { name } => {
+            let kind = match Volume::open(store, name)?.is_read_only() {
+                true => "snapshot",
+                false => "volume",
+            };
             Volume::drop_volume(store, name)?;
             Outcome::new(
-                format!("dropped volume {name}\n"),
+                format!("dropped {kind} {name}\n"),
                 serde_json::json!({ "dropped": name }),
             )
         }
@@ -156,7 +160,13 @@ fn list(store: &Store) -> CliResult<Outcome> {
         .map(|v| {
             [
                 v.name.clone(),
-                if v.snapshot { "snapshot" } else { "volume" }.to_owned(),
+                match (v.snapshot, v.incomplete) {
+                    (true, _) => "snapshot",
+                    // The remains of an import cut short (or one under way).
+                    (false, true) => "incomplete",
+                    (false, false) => "volume",
+                }
+                .to_owned(),
                 human_bytes(v.size_bytes),
                 human_bytes(v.allocated_bytes),
                 human_bytes(v.exclusive_bytes),
@@ -222,7 +232,7 @@ fn import(
                 "read {source}: it ended after {n} of its {len} bytes"
             )));
         }
-        Ok(vol.sync()?)
+        Ok(vol.complete()?)
     });
     if let Err(e) = copied {
         // Half an image is no image: the new volume goes again (best effort; a
@@ -256,7 +266,7 @@ fn import_stream(
         }
         vol.resize(len.div_ceil(block) * block)
             .map_err(usage_if_invalid)?;
-        vol.sync()?;
+        vol.complete()?;
         Ok(len)
     });
     let len = match copied {
@@ -339,32 +349,55 @@ fn imported(store: &Store, vol: &Volume, name: &str, source: &str, len: u64) -> 
 }
 
 /// `volume export`: the volume into a sparse raw file (holes are not written).
-fn export(store: &Store, name: &str, file: &Path, progress: bool) -> CliResult<Outcome> {
-    use std::os::unix::fs::FileExt;
+fn export(store: &Store, name: &str, file: &Path, local: bool) -> CliResult<Outcome> {
     let vol = Volume::open(store, name)?;
     let fail = |what: &str, e: std::io::Error| {
         CliError::failure(format!("{what} {}: {e}", file.display()))
     };
-    let output = std::fs::File::create(file).map_err(|e| fail("create", e))?;
-    output.set_len(vol.size()).map_err(|e| fail("size", e))?;
-    let bar = progress_bar(progress, Some(vol.size()), "exporting");
+    let mut sink = if file == Path::new("-") {
+        if !local {
+            return Err(CliError::failure(
+                "volume export to stdout (-) needs the store to itself: a running server \
+                 cannot write to this command's output; name a file",
+            ));
+        }
+        ExportSink::Stream(Box::new(std::io::stdout().lock()), 0)
+    } else {
+        match std::fs::metadata(file) {
+            // A device or a pipe: written in order, holes as zeroes (a device's old
+            // contents must not show through; a pipe has no holes).
+            Ok(meta) if !meta.is_file() => {
+                let out = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(file)
+                    .map_err(|e| fail("open", e))?;
+                ExportSink::Stream(Box::new(out), 0)
+            }
+            _ => {
+                let out = std::fs::File::create(file).map_err(|e| fail("create", e))?;
+                out.set_len(vol.size()).map_err(|e| fail("size", e))?;
+                ExportSink::Sparse(out)
+            }
+        }
+    };
+    let bar = progress_bar(local, Some(vol.size()), "exporting");
     // Adjacent blocks go out in one write of up to 1 MiB.
     let mut run: Vec<u8> = Vec::with_capacity(IMPORT_CHUNK_BYTES);
     let mut run_at = 0u64;
     let mut written = 0u64;
-    let mut flush = |run: &mut Vec<u8>, at: u64| -> Result<(), cambium::Error> {
-        output.write_all_at(run, at).map_err(|e| {
+    let mut flush = |sink: &mut ExportSink, run: &mut Vec<u8>, at: u64| {
+        sink.write_at(run, at).map_err(|e| {
             let what = format!("write {}: {e}", file.display());
             cambium::Error::Io(std::io::Error::new(e.kind(), what))
         })?;
         written += run.len() as u64;
         run.clear();
-        Ok(())
+        Ok::<(), cambium::Error>(())
     };
     vol.for_each_block(|offset, block| {
         let adjacent = run_at + run.len() as u64 == offset;
         if !run.is_empty() && (!adjacent || run.len() >= IMPORT_CHUNK_BYTES) {
-            flush(&mut run, run_at)?;
+            flush(&mut sink, &mut run, run_at)?;
         }
         if run.is_empty() {
             run_at = offset;
@@ -374,19 +407,72 @@ fn export(store: &Store, name: &str, file: &Path, progress: bool) -> CliResult<O
         Ok(())
     })?;
     if !run.is_empty() {
-        flush(&mut run, run_at)?;
+        flush(&mut sink, &mut run, run_at)?;
     }
-    output.sync_all().map_err(|e| fail("sync", e))?;
+    sink.finish(vol.size()).map_err(|e| fail("write", e))?;
     bar.finish_and_clear();
-    Outcome::new(
-        format!(
-            "exported volume {name} to {}: {}, {} of data\n",
-            file.display(),
-            human_bytes(vol.size()),
-            human_bytes(written)
-        ),
-        serde_json::json!({"volume": name, "file": file, "size_bytes": vol.size(), "data_bytes": written}),
-    )
+    let to = match &sink {
+        ExportSink::Stream(..) if file == Path::new("-") => "stdout".to_owned(),
+        _ => file.display().to_string(),
+    };
+    let text = format!(
+        "exported volume {name} to {to}: {}, {} of data\n",
+        human_bytes(vol.size()),
+        human_bytes(written)
+    );
+    let json = serde_json::json!({"volume": name, "file": file, "size_bytes": vol.size(), "data_bytes": written});
+    if file == Path::new("-") {
+        // Stdout holds the image: the report goes to stderr.
+        eprint!("{text}");
+        return Ok(Outcome::nothing());
+    }
+    Outcome::new(text, json)
+}
+
+/// Where `volume export` writes: a regular file, sparse (only the blocks stored are
+/// written); or a stream (stdout, a pipe, a device), written in order with holes as
+/// zeroes, and how far it has got.
+enum ExportSink {
+    Sparse(std::fs::File),
+    Stream(Box<dyn std::io::Write>, u64),
+}
+
+impl ExportSink {
+    fn write_at(&mut self, data: &[u8], at: u64) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        match self {
+            ExportSink::Sparse(f) => f.write_all_at(data, at),
+            ExportSink::Stream(out, pos) => {
+                write_zeroes(out, at - *pos)?;
+                out.write_all(data)?;
+                *pos = at + data.len() as u64;
+                Ok(())
+            }
+        }
+    }
+
+    /// Ends the image at `size` and makes it durable where that means anything.
+    fn finish(&mut self, size: u64) -> std::io::Result<()> {
+        match self {
+            ExportSink::Sparse(f) => f.sync_all(),
+            ExportSink::Stream(out, pos) => {
+                write_zeroes(out, size - *pos)?;
+                *pos = size;
+                out.flush()
+            }
+        }
+    }
+}
+
+/// Writes `n` zero bytes.
+fn write_zeroes(out: &mut dyn std::io::Write, mut n: u64) -> std::io::Result<()> {
+    let zeros = [0u8; 64 << 10];
+    while n > 0 {
+        let k = n.min(zeros.len() as u64) as usize;
+        out.write_all(&zeros[..k])?;
+        n -= k as u64;
+    }
+    Ok(())
 }
 
 /// A byte progress bar on stderr (a count of bytes when the total is not known), only

@@ -24,11 +24,17 @@ pub const DEFAULT_BLOCK_SIZE: u32 = 4096;
 /// clients; this keeps every offset + length sum far from overflow).
 pub const MAX_VOLUME_SIZE: u64 = 1 << 62;
 
-/// A volume's geometry.
+/// The flag of a volume an import is still filling: a volume whose import was cut
+/// short (the process killed) keeps it, so that it is never taken for the image.
+const FLAG_INCOMPLETE: u16 = 1;
+
+/// A volume's geometry, and whether it is whole.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Header {
     pub size_bytes: u64,
     pub block_size: u32,
+    /// An import is filling it (or was, and was cut short).
+    pub incomplete: bool,
 }
 
 impl Header {
@@ -40,6 +46,7 @@ impl Header {
         Ok(Header {
             size_bytes,
             block_size,
+            incomplete: false,
         })
     }
 
@@ -52,6 +59,8 @@ impl Header {
         let mut b = [0u8; ENCODED_LEN];
         b[..4].copy_from_slice(MAGIC);
         b[4..6].copy_from_slice(&FORMAT.to_le_bytes());
+        let flags = if self.incomplete { FLAG_INCOMPLETE } else { 0 };
+        b[6..8].copy_from_slice(&flags.to_le_bytes());
         // b[6..8] reserved, zero.
         b[8..12].copy_from_slice(&self.block_size.to_le_bytes());
         b[12..20].copy_from_slice(&self.size_bytes.to_le_bytes());
@@ -71,11 +80,19 @@ impl Header {
         if format != FORMAT {
             return Err(bad(&format!("unknown format {format}")));
         }
+        let flags = u16::from_le_bytes([rest[2], rest[3]]);
+        if flags & !FLAG_INCOMPLETE != 0 {
+            return Err(bad(&format!("unknown flags {flags:#x}")));
+        }
         let block_size = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
         let mut size = [0u8; 8];
         size.copy_from_slice(&rest[8..16]);
         let size_bytes = u64::from_le_bytes(size);
-        Header::new(size_bytes, block_size).map_err(|e| bad(&e.to_string()))
+        let header = Header::new(size_bytes, block_size).map_err(|e| bad(&e.to_string()))?;
+        Ok(Header {
+            incomplete: flags & FLAG_INCOMPLETE != 0,
+            ..header
+        })
     }
 }
 
@@ -111,6 +128,12 @@ mod tests {
     fn round_trips_and_rejects_damage() {
         let h = Header::new(10 << 30, 4096).unwrap();
         assert_eq!(Header::decode("v", &h.encode()).unwrap(), h);
+        let filling = Header {
+            incomplete: true,
+            ..h
+        };
+        assert_eq!(Header::decode("v", &filling.encode()).unwrap(), filling);
+        assert_eq!(&filling.encode()[6..8], &[1, 0]);
         for i in 0..ENCODED_LEN {
             let mut b = h.encode();
             b[i] ^= 0x40;

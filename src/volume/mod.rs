@@ -111,6 +111,8 @@ pub struct VolumeInfo {
     pub shared_bytes: u64,
     /// When it was made, in milliseconds since the Unix epoch.
     pub created_unix_ms: u64,
+    /// An import is filling it, or was and was cut short ([`Volume::is_incomplete`]).
+    pub incomplete: bool,
 }
 
 /// Volumes an import is filling in this process, by store directory and name.
@@ -142,38 +144,81 @@ impl Drop for Filling {
 }
 
 impl Volume {
-    /// [`Volume::create`] for a volume about to be filled (an image imported):
-    /// until the [`Filling`] returned is dropped, [`Volume::is_filling`] says so, and
-    /// a server in this process does not export it, so that no client reads half an
-    /// image or writes into one still being copied in.
+    /// [`Volume::create`] for a volume about to be filled (an image imported), which
+    /// is [incomplete](Volume::is_incomplete) until [`Volume::complete`]: not
+    /// exported, so that no client reads half an image or writes into one still
+    /// being copied in, and marked so for good if the import is cut short. The
+    /// remains of such an import under `name` (incomplete, and not being filled in
+    /// this process) are dropped first, so the import can simply be run again.
     pub fn create_filling(
         store: &Store,
         name: &str,
         size_bytes: u64,
         block_size: u32,
     ) -> Result<(Volume, Filling)> {
-        // Marked first: there is no moment when the new volume exists unmarked.
+        let dir = store.path().to_path_buf();
+        {
+            // Marked first, under the lock of the marks: there is no moment when the
+            // new volume exists unmarked, and two imports of one name in this
+            // process cannot both take the other's for remains.
+            let mut marks = filling();
+            if marks.iter().any(|(d, n)| *d == dir && n == name) {
+                return Err(Error::VersionExists(name.to_owned()));
+            }
+            marks.push((dir.clone(), name.to_owned()));
+        }
         let mark = Filling {
-            dir: store.path().to_path_buf(),
+            dir,
             name: name.to_owned(),
         };
-        filling().push((mark.dir.clone(), mark.name.clone()));
-        let volume = Volume::create(store, name, size_bytes, block_size)?;
+        if Volume::open(store, name).is_ok_and(|v| v.is_incomplete()) {
+            store.drop_version(name)?;
+        }
+        let header = Header {
+            incomplete: true,
+            ..Header::new(size_bytes, block_size)?
+        };
+        let volume = Volume::create_with(store, name, header)?;
         Ok((volume, mark))
     }
 
-    /// Whether volume `name` is being filled in this process
-    /// ([`Volume::create_filling`]).
+    /// Marks a volume made by [`Volume::create_filling`] whole: the image is in.
+    /// Makes every write before it durable first, then the mark (durable on return).
+    pub fn complete(&mut self) -> Result<()> {
+        self.sync()?;
+        let header = Header {
+            incomplete: false,
+            ..self.header
+        };
+        let mut txn = self.begin(Durability::Immediate)?;
+        txn.put(HEADER_KEY, &header.encode())?;
+        txn.commit()?;
+        self.header = header;
+        Ok(())
+    }
+
+    /// Whether an import is filling volume `name` (in this process, or it was
+    /// and was cut short): such a volume is not exported.
     pub fn is_filling(store: &Store, name: &str) -> bool {
-        filling()
+        let here = filling()
             .iter()
-            .any(|(d, n)| d == store.path() && n == name)
+            .any(|(d, n)| d == store.path() && n == name);
+        here || Volume::open(store, name).is_ok_and(|v| v.is_incomplete())
+    }
+
+    /// Whether an import is filling it, or was and was cut short (the process
+    /// killed): its blocks are not the whole image.
+    pub fn is_incomplete(&self) -> bool {
+        self.header.incomplete
     }
 
     /// Makes a new, empty volume `name` of `size_bytes` (a positive multiple of
     /// `block_size`, a power of two from 512 B to 1 MiB). Durable on return.
     pub fn create(store: &Store, name: &str, size_bytes: u64, block_size: u32) -> Result<Volume> {
-        let header = Header::new(size_bytes, block_size)?;
+        Volume::create_with(store, name, Header::new(size_bytes, block_size)?)
+    }
+
+    fn create_with(store: &Store, name: &str, header: Header) -> Result<Volume> {
         // Two records, one fsync: a crash between them leaves an empty branch that
         // is not a volume (no header), which `volume list` does not show.
         store.create_branch_with(name, Durability::Deferred)?;
@@ -485,7 +530,10 @@ impl Volume {
     /// again later reads zeroes there. Durable on return.
     pub fn resize(&mut self, size_bytes: u64) -> Result<()> {
         check_size(size_bytes, self.header.block_size)?;
-        let header = Header::new(size_bytes, self.header.block_size)?;
+        let header = Header {
+            incomplete: self.header.incomplete,
+            ..Header::new(size_bytes, self.header.block_size)?
+        };
         let mut txn = self.begin(Durability::Immediate)?;
         let (lo, hi) = (block_key(header.blocks()), block_key(u64::MAX));
         delete_keys(&mut txn, &lo, &hi)?;
@@ -596,6 +644,7 @@ impl Volume {
                 exclusive_bytes: v.exclusive_bytes,
                 shared_bytes: v.referenced_bytes.saturating_sub(v.exclusive_bytes),
                 created_unix_ms: v.created_unix_ms,
+                incomplete: vol.is_incomplete(),
                 name: v.name,
             });
         }
