@@ -271,6 +271,10 @@ pub struct ServerOptions {
     /// How long a large request waits for room in that budget before it is answered
     /// ENOMEM. Default 10 s.
     pub payload_wait: Duration,
+    /// A client that sends nothing for this long in the middle of a request (its
+    /// payload, the rest of its header) is disconnected, and the request dropped
+    /// unanswered; waiting between requests is not limited. Zero: never. Default 60 s.
+    pub stall_timeout: Duration,
 }
 
 impl Default for ServerOptions {
@@ -283,6 +287,7 @@ impl Default for ServerOptions {
             poll_max: Duration::from_micros(64),
             payload_budget_bytes: default_payload_budget(),
             payload_wait: Duration::from_secs(10),
+            stall_timeout: Duration::from_secs(60),
         }
     }
 }

@@ -339,6 +339,7 @@ fn serve_connection(
         return Ok(());
     };
     r.get_mut().set_deadline(None)?;
+    r.get_mut().set_stall_timeout(Some(opts.stall_timeout))?;
     r.get_mut().set_poll_max(opts.poll_max);
     transmission::serve(&mut r, w, session, opts, budget, activity)
 }

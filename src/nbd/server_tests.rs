@@ -973,3 +973,50 @@ fn large_requests_on_many_connections_share_a_small_budget() {
         t.join().unwrap();
     }
 }
+
+/// A client that stalls in the middle of a request (half a payload, half a header) is
+/// disconnected after the stall timeout, nothing of the request applied; one that
+/// waits between requests stays.
+#[test]
+fn a_client_stalled_mid_request_is_cut_off_an_idle_one_is_not() {
+    let opts = ServerOptions {
+        stall_timeout: Duration::from_millis(300),
+        ..ServerOptions::default()
+    };
+    let srv = TestServer::start(opts);
+    let mut idle = srv.client("disk1", false, false);
+    for big in [false, true] {
+        let mut c = srv.client("disk1", false, false);
+        let len = if big { 512 << 10 } else { 8192 };
+        let write = Request {
+            flags: 0,
+            command: proto::CMD_WRITE,
+            cookie: 1,
+            offset: 0,
+            len,
+        };
+        c.send(write, &[7; 4096]).unwrap();
+        let started = std::time::Instant::now();
+        assert!(closed(&mut c.s), "cut off");
+        assert!(started.elapsed() < Duration::from_secs(4));
+    }
+    let mut c = srv.client("disk1", false, false);
+    c.s.write_all(
+        &Request::encode(&Request {
+            flags: 0,
+            command: proto::CMD_READ,
+            cookie: 1,
+            offset: 0,
+            len: 8,
+        })[..10],
+    )
+    .unwrap();
+    assert!(closed(&mut c.s), "half a header: cut off");
+    std::thread::sleep(Duration::from_millis(600));
+    let r = idle.cmd(proto::CMD_READ, 0, 0, 8, &[]).unwrap();
+    assert_eq!(
+        (r.error, r.data),
+        (0, vec![0; 8]),
+        "nothing applied; the idle client stays"
+    );
+}

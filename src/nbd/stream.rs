@@ -40,6 +40,9 @@ pub(super) struct Stream {
     poll_armed: bool,
     /// Set by [`Stream::retry_blocked_writes`].
     retry_blocked_writes: bool,
+    /// [`Stream::set_stall_timeout`]'s: the socket's read timeout, outside the wait
+    /// for a new request.
+    stall_timeout: Option<Duration>,
 }
 
 #[derive(Debug)]
@@ -57,6 +60,7 @@ impl From<UnixStream> for Stream {
             poll_window: Duration::ZERO,
             poll_armed: false,
             retry_blocked_writes: false,
+            stall_timeout: None,
         }
     }
 }
@@ -70,6 +74,7 @@ impl From<TcpStream> for Stream {
             poll_window: Duration::ZERO,
             poll_armed: false,
             retry_blocked_writes: false,
+            stall_timeout: None,
         }
     }
 }
@@ -88,6 +93,7 @@ impl Stream {
             poll_window: Duration::ZERO,
             poll_armed: false,
             retry_blocked_writes: false,
+            stall_timeout: None,
         })
     }
 
@@ -105,6 +111,16 @@ impl Stream {
     /// into a full send buffer must wait for it to be cleared, not fail.
     pub(super) fn retry_blocked_writes(&mut self) {
         self.retry_blocked_writes = true;
+    }
+
+    /// Makes a read in the middle of a request (a payload, the rest of a header) fail
+    /// with `TimedOut` once the client has sent nothing for `timeout`: a client that
+    /// stalls mid-request would otherwise hold its connection (and its payload
+    /// buffer) for good. The wait for a new request ([`Stream::poll_next_read`]) is
+    /// not limited: an idle client may stay.
+    pub(super) fn set_stall_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        self.stall_timeout = timeout.filter(|t| !t.is_zero());
+        self.set_read_timeout(self.stall_timeout)
     }
 
     /// Marks the next read as the wait for a new request: it may poll before it
@@ -154,7 +170,15 @@ impl Stream {
                 }
             }
         }
-        let done = self.read_socket(buf);
+        // The stall timeout is not for this wait: a read that times out (which the
+        // socket reports as "would block") is simply made again.
+        let done = loop {
+            match self.read_socket(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && self.stall_timeout.is_some() => {
+                }
+                done => break done,
+            }
+        };
         self.poll_window = next_window(self.poll_window, start.elapsed(), self.poll_max);
         done
     }
@@ -212,7 +236,15 @@ impl Read for Stream {
         if std::mem::take(&mut self.poll_armed) {
             return self.read_polling(buf);
         }
-        self.read_socket(buf)
+        match self.read_socket(buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && self.stall_timeout.is_some() => {
+                Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the client sent nothing for too long in the middle of a request",
+                ))
+            }
+            done => done,
+        }
     }
 }
 
