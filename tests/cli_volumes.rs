@@ -313,6 +313,9 @@ fn an_import_cut_short_is_marked_and_replaced_by_the_next() {
     );
     let verified = ok(t.run("verify", &[]));
     assert!(verified.contains("clean"), "{verified}");
+    // No copy of half an image.
+    fails(t.volume("snapshot", &["img", "img.s"]), 3, &["incomplete"]);
+    fails(t.volume("clone", &["img", "img.c"]), 3, &["incomplete"]);
 
     // The same import again, from a file: it replaces the remains.
     let tmp = tempfile::tempdir().unwrap();

@@ -613,7 +613,13 @@ impl Volume {
         kind: VersionKind,
         durability: Durability,
     ) -> Result<(Volume, Instant)> {
-        Volume::open(store, source)?;
+        if Volume::open(store, source)?.is_incomplete() {
+            // A copy of half an image would look whole to whoever uses it.
+            return Err(Error::InvalidArgument(format!(
+                "volume {source:?} is incomplete (an import is filling it, or was cut \
+                 short): import it again, or drop it"
+            )));
+        }
         let made = store.copy_version(source, name, kind, durability)?;
         Ok((Volume::open(store, name)?, made))
     }
