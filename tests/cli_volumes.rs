@@ -313,12 +313,15 @@ fn an_import_cut_short_is_marked_and_replaced_by_the_next() {
     );
     let verified = ok(t.run("verify", &[]));
     assert!(verified.contains("clean"), "{verified}");
-    // No copy of half an image.
+    // No copy of half an image, nor an export of one (the file is not even made).
     fails(t.volume("snapshot", &["img", "img.s"]), 3, &["incomplete"]);
     fails(t.volume("clone", &["img", "img.c"]), 3, &["incomplete"]);
+    let tmp = tempfile::tempdir().unwrap();
+    let half = tmp.path().join("half.raw");
+    fails(t.volume("export", &["img", s(&half)]), 3, &["incomplete"]);
+    assert!(!half.exists());
 
     // The same import again, from a file: it replaces the remains.
-    let tmp = tempfile::tempdir().unwrap();
     let image = tmp.path().join("img.raw");
     std::fs::write(&image, vec![0x2Fu8; 3 << 20]).unwrap();
     ok(t.volume("import", &["img", s(&image)]));

@@ -351,6 +351,13 @@ fn imported(store: &Store, vol: &Volume, name: &str, source: &str, len: u64) -> 
 /// `volume export`: the volume into a sparse raw file (holes are not written).
 fn export(store: &Store, name: &str, file: &Path, local: bool) -> CliResult<Outcome> {
     let vol = Volume::open(store, name)?;
+    if vol.is_incomplete() {
+        // Checked before the output is made: half an image is no image.
+        return Err(CliError::failure(format!(
+            "volume {name} is incomplete (an import is filling it, or was cut short): \
+             import it again, or drop it"
+        )));
+    }
     let fail = |what: &str, e: std::io::Error| {
         CliError::failure(format!("{what} {}: {e}", file.display()))
     };
@@ -361,7 +368,7 @@ fn export(store: &Store, name: &str, file: &Path, local: bool) -> CliResult<Outc
                  cannot write to this command's output; name a file",
             ));
         }
-        ExportSink::Stream(Box::new(std::io::stdout().lock()), 0)
+        ExportSink::Stream(Box::new(std::io::stdout().lock()), 0, None)
     } else {
         match std::fs::metadata(file) {
             // A device or a pipe: written in order, holes as zeroes (a device's old
@@ -371,7 +378,8 @@ fn export(store: &Store, name: &str, file: &Path, local: bool) -> CliResult<Outc
                     .write(true)
                     .open(file)
                     .map_err(|e| fail("open", e))?;
-                ExportSink::Stream(Box::new(out), 0)
+                let sync = out.try_clone().ok();
+                ExportSink::Stream(Box::new(out), 0, sync)
             }
             _ => {
                 let out = std::fs::File::create(file).map_err(|e| fail("create", e))?;
@@ -431,10 +439,10 @@ fn export(store: &Store, name: &str, file: &Path, local: bool) -> CliResult<Outc
 
 /// Where `volume export` writes: a regular file, sparse (only the blocks stored are
 /// written); or a stream (stdout, a pipe, a device), written in order with holes as
-/// zeroes, and how far it has got.
+/// zeroes, how far it has got, and the file to sync at the end (a device's).
 enum ExportSink {
     Sparse(std::fs::File),
-    Stream(Box<dyn std::io::Write>, u64),
+    Stream(Box<dyn std::io::Write>, u64, Option<std::fs::File>),
 }
 
 impl ExportSink {
@@ -442,7 +450,7 @@ impl ExportSink {
         use std::os::unix::fs::FileExt;
         match self {
             ExportSink::Sparse(f) => f.write_all_at(data, at),
-            ExportSink::Stream(out, pos) => {
+            ExportSink::Stream(out, pos, _) => {
                 write_zeroes(out, at - *pos)?;
                 out.write_all(data)?;
                 *pos = at + data.len() as u64;
@@ -455,10 +463,16 @@ impl ExportSink {
     fn finish(&mut self, size: u64) -> std::io::Result<()> {
         match self {
             ExportSink::Sparse(f) => f.sync_all(),
-            ExportSink::Stream(out, pos) => {
+            ExportSink::Stream(out, pos, sync) => {
                 write_zeroes(out, size - *pos)?;
                 *pos = size;
-                out.flush()
+                out.flush()?;
+                match sync.as_ref().map(std::fs::File::sync_all) {
+                    // A pipe or a character device has nothing to sync.
+                    Some(Err(e)) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
+                    Some(done) => done,
+                    None => Ok(()),
+                }
             }
         }
     }

@@ -261,13 +261,19 @@ impl VFile for StdFile {
             let pieces = buf.len().div_ceil(DIRECT_PIECE).min(DIRECT_PIECES_MAX);
             let piece = buf.len().div_ceil(pieces).next_multiple_of(DIRECT_ALIGN);
             return std::thread::scope(|scope| {
+                let mut done = Ok(());
                 let mut rest = Vec::new();
                 for (i, part) in buf.chunks(piece).enumerate().skip(1) {
                     let at = offset + (i * piece) as u64;
-                    rest.push(scope.spawn(move || self.write_direct_piece(direct, part, at)));
+                    let write = move || self.write_direct_piece(direct, part, at);
+                    // No thread to be had (a limit reached): this piece in line.
+                    match std::thread::Builder::new().spawn_scoped(scope, write) {
+                        Ok(t) => rest.push(t),
+                        Err(_) => done = done.and(self.write_direct_piece(direct, part, at)),
+                    }
                 }
                 let first = self.write_direct_piece(direct, &buf[..piece], offset);
-                rest.into_iter().fold(first, |done, t| {
+                rest.into_iter().fold(done.and(first), |done, t| {
                     let piece = t
                         .join()
                         .unwrap_or_else(|_| Err(io::Error::other("writer thread panicked")));

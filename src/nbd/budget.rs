@@ -95,7 +95,7 @@ impl PayloadBudget {
             if let Some(i) = fit {
                 let buf = st.kept.swap_remove(i);
                 st.kept_bytes -= buf.len();
-                return Some(PayloadBuf::new(buf, Arc::clone(self)));
+                return Some(PayloadBuf::new(buf, capacity, Arc::clone(self)));
             }
             // Kept buffers too small for this one give their room to it.
             let mut freed = Vec::new();
@@ -109,7 +109,7 @@ impl PayloadBudget {
                 st.charged += size;
                 drop(st);
                 drop(freed);
-                return Some(PayloadBuf::new(vec![0; size], Arc::clone(self)));
+                return Some(PayloadBuf::new(vec![0; size], capacity, Arc::clone(self)));
             }
             let now = Instant::now();
             if now >= deadline {
@@ -151,11 +151,13 @@ pub(super) struct PayloadBuf {
     /// Where the page-aligned bytes start in `buf`.
     start: usize,
     len: usize,
+    /// The capacity asked for (a kept buffer may be larger).
+    cap: usize,
     budget: Arc<PayloadBudget>,
 }
 
 impl PayloadBuf {
-    fn new(buf: Vec<u8>, budget: Arc<PayloadBudget>) -> PayloadBuf {
+    fn new(buf: Vec<u8>, cap: usize, budget: Arc<PayloadBudget>) -> PayloadBuf {
         // (`align_offset` may decline to compute; unaligned only costs the export a
         // copy.) `buf` has a page more than asked, so any offset under a page fits.
         let start = Some(buf.as_ptr().align_offset(PAGE))
@@ -165,13 +167,14 @@ impl PayloadBuf {
             buf,
             start,
             len: 0,
+            cap,
             budget,
         }
     }
 
     /// Bytes that can still be added after the ones there.
     pub(super) fn room(&self) -> usize {
-        self.buf.len() - PAGE - self.len
+        self.cap - self.len
     }
 
     /// Adds `more` bytes (contents unspecified) after the ones there and returns
@@ -223,10 +226,11 @@ mod tests {
         assert_eq!(a.bytes(), &[7; 1000][..]);
         let charged = budget.charged();
         drop(a);
-        // Kept, then handed out again for a smaller payload: nothing new allocated.
+        // Kept, then handed out again for a smaller payload: nothing new allocated,
+        // and room for what was asked only (a landing's room is the join rule's).
         let b = budget.take(4096, Duration::ZERO).unwrap();
         assert_eq!(budget.charged(), charged);
-        assert_eq!(b.room(), MIB);
+        assert_eq!(b.room(), 4096);
     }
 
     #[test]

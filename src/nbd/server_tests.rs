@@ -1020,3 +1020,74 @@ fn a_client_stalled_mid_request_is_cut_off_an_idle_one_is_not() {
         "nothing applied; the idle client stays"
     );
 }
+
+/// A connection whose last request was a large write (landed on its second thread)
+/// is idle like any other, and makes way for a newcomer.
+#[test]
+fn a_connection_idle_after_a_large_write_makes_way() {
+    let idle = Duration::from_millis(50);
+    let opts = ServerOptions {
+        max_connections: 1,
+        evict_idle_after: idle,
+        ..ServerOptions::default()
+    };
+    let srv = TestServer::start(opts);
+    let mut a = srv.client("disk1", false, false);
+    let big = vec![1u8; 256 << 10];
+    let r = a
+        .cmd(proto::CMD_WRITE, 0, 0, big.len() as u32, &big)
+        .unwrap();
+    assert_eq!(r.error, 0);
+    std::thread::sleep(6 * idle);
+    let mut b = srv.client("disk1", false, false);
+    assert!(closed(&mut a.s), "the idle connection made way");
+    let r = b.cmd(proto::CMD_READ, 0, 0, 4, &[]).unwrap();
+    assert_eq!(r.data, [1; 4], "its write landed");
+}
+
+/// The join rule holds whatever buffer a landing is given: a kept buffer larger than
+/// asked does not let a stream's first landing take more than its own write.
+#[test]
+fn a_kept_larger_buffer_does_not_widen_a_landing() {
+    const MIB: usize = 1 << 20;
+    const TAIL: usize = 100;
+    let srv = server();
+    let disk = srv.exports.add("big", 8 * MIB as u64, false);
+    // One 4 MiB write: its buffer (4 MiB and a page) is kept for reuse.
+    let mut c = srv.client("big", false, false);
+    let r = c
+        .cmd(
+            proto::CMD_WRITE,
+            0,
+            4 * MIB as u64,
+            4 * MIB as u32,
+            &vec![7u8; 4 * MIB],
+        )
+        .unwrap();
+    assert_eq!(r.error, 0);
+    assert_eq!(disk.take_largest_write(), 4 * MIB);
+    drop(c);
+    let write = |cookie: u64, offset: usize| Request {
+        flags: 0,
+        command: proto::CMD_WRITE,
+        cookie,
+        offset: offset as u64,
+        len: MIB as u32,
+    };
+    let mut c = srv.client("big", false, false);
+    let mut first = write(1, 0).encode().to_vec();
+    first.extend_from_slice(&vec![1u8; MIB - TAIL]);
+    c.s.write_all(&first).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut rest = vec![1u8; TAIL];
+    rest.extend_from_slice(&write(2, MIB).encode());
+    rest.extend_from_slice(&vec![2u8; MIB]);
+    c.s.write_all(&rest).unwrap();
+    let cookies: Vec<u64> = (0..2).map(|_| c.recv(0).unwrap().cookie).collect();
+    assert_eq!(cookies, [1, 2]);
+    assert_eq!(
+        disk.take_largest_write(),
+        MIB,
+        "a first landing joins nothing"
+    );
+}

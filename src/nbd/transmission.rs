@@ -261,9 +261,9 @@ impl Conn {
                 self.out.lock().flush()?;
                 // The client has all our answers; its next request is the wait.
                 r.get_mut().poll_next_read();
-                if self.export.is_some() {
-                    self.activity.idle();
-                }
+                // Idle even with a landing in flight: ending the connection now (its
+                // reading side shut) still lands and answers it (`serve` settles).
+                self.activity.idle();
             }
             let header = proto::read_array::<_, { proto::REQUEST_LEN }>(r);
             if waits {

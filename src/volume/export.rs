@@ -68,11 +68,11 @@ impl Exports for VolumeExports {
         } else {
             name.to_owned()
         };
-        if Volume::is_filling(&self.store, &name) {
-            // An import is copying it in: exported once it is whole.
-            return Ok(None);
-        }
         match Volume::open(&self.store, &name) {
+            // An import is copying it in (or was, and was cut short): exported once
+            // it is whole. Checked on the handle opened, so no import can start in
+            // between. (An import marks its volume in the header it creates it with.)
+            Ok(volume) if volume.is_incomplete() => Ok(None),
             Ok(volume) => Ok(Some(Box::new(VolumeExport { volume }))),
             Err(Error::VolumeNotFound(_) | Error::InvalidVersionName(_)) => Ok(None),
             Err(e) => Err(to_nbd(e)),

@@ -171,7 +171,9 @@ impl Volume {
             dir,
             name: name.to_owned(),
         };
-        if Volume::open(store, name).is_ok_and(|v| v.is_incomplete()) {
+        // Only a writable volume (what an import makes) is such remains: a snapshot
+        // under the name is the user's, whatever it holds.
+        if Volume::open(store, name).is_ok_and(|v| v.is_incomplete() && !v.is_read_only()) {
             store.drop_version(name)?;
         }
         let header = Header {
