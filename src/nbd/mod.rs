@@ -23,6 +23,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod activity;
 mod budget;
 mod handshake;
 pub mod memory;

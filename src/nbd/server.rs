@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use super::activity::Activity;
 use super::budget::PayloadBudget;
 use super::stream::Stream;
 use super::{handshake, transmission, Exports, Listen, ServerOptions};
@@ -79,11 +80,7 @@ impl Shared {
     /// the server is stopping.
     fn register(&self, stream: &Stream) -> Option<(u64, Arc<Activity>)> {
         let clone = stream.try_clone().ok()?;
-        let activity = Arc::new(Activity {
-            epoch: self.epoch,
-            idle_since: AtomicU64::new(0),
-        });
-        activity.idle();
+        let activity = Arc::new(Activity::new(self.epoch));
         let mut conns = self.conns();
         if self.stopping.load(Ordering::SeqCst) {
             return None;
@@ -284,30 +281,6 @@ impl Server {
                 let _ = std::fs::remove_file(path);
             }
         }
-    }
-}
-
-/// Whether a connection is idle, and since when: in its handshake, or waiting for a
-/// request with every one before answered. The one idle the longest makes way for a
-/// newcomer when the server is full ([`ServerOptions::evict_idle_after`]).
-pub(super) struct Activity {
-    epoch: Instant,
-    /// Nanoseconds from `epoch` (at least 1) since the connection is idle; 0: busy.
-    idle_since: AtomicU64,
-}
-
-impl Activity {
-    pub(super) fn idle(&self) {
-        let nanos = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.idle_since.store(nanos.max(1), Ordering::Relaxed);
-    }
-
-    pub(super) fn busy(&self) {
-        self.idle_since.store(0, Ordering::Relaxed);
-    }
-
-    fn idle_since(&self) -> Option<u64> {
-        Some(self.idle_since.load(Ordering::Relaxed)).filter(|&t| t != 0)
     }
 }
 

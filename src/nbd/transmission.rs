@@ -55,10 +55,10 @@ use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
+use super::activity::Activity;
 use super::budget::{PayloadBudget, PayloadBuf, SMALL_PAYLOAD};
 use super::handshake::Session;
 use super::proto::{self, ChunkHeader, Descriptor, Request, SimpleReply};
-use super::server::Activity;
 use super::stream::Stream;
 use super::{Errno, Export, ExportError, ServerOptions, ZeroFlags};
 
