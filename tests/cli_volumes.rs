@@ -20,6 +20,12 @@ impl TestStore {
     }
 }
 
+/// Volume `name`'s entry in `volume list --json`'s output.
+fn listed_as<'a>(listed: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    let all = listed.as_array().expect("a list");
+    all.iter().find(|v| v["name"] == name).expect("listed")
+}
+
 #[test]
 fn create_list_snapshot_clone_resize_drop() {
     let t = TestStore::new();
@@ -297,12 +303,7 @@ fn an_import_cut_short_is_marked_and_replaced_by_the_next() {
     drop(stdin);
 
     let listed = t.volume_json("list", &[]);
-    let img = &listed
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == "img")
-        .unwrap();
+    let img = listed_as(&listed, "img");
     assert_eq!(img["incomplete"], true);
     assert_eq!(listed[0]["incomplete"], false, "other volumes are whole");
     let text = ok(t.volume("list", &[]));
@@ -326,12 +327,7 @@ fn an_import_cut_short_is_marked_and_replaced_by_the_next() {
     std::fs::write(&image, vec![0x2Fu8; 3 << 20]).unwrap();
     ok(t.volume("import", &["img", s(&image)]));
     let listed = t.volume_json("list", &[]);
-    let img = &listed
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == "img")
-        .unwrap();
+    let img = listed_as(&listed, "img");
     assert_eq!(
         (img["incomplete"].as_bool(), img["size_bytes"].as_u64()),
         (Some(false), Some(3 << 20))

@@ -511,18 +511,22 @@ fn max_connections_closes_extra() {
     assert_eq!(first.cmd(proto::CMD_FLUSH, 0, 0, 0, &[]).unwrap().error, 0);
 }
 
+/// A server of at most `max` connections that ends one idle for `idle` to make way.
+fn evicting_server(max: usize, idle: Duration) -> TestServer {
+    TestServer::start(ServerOptions {
+        max_connections: max,
+        evict_idle_after: idle,
+        ..ServerOptions::default()
+    })
+}
+
 /// A full server makes room for a newcomer by ending the connection idle the
 /// longest, so idle connections (or a flood of sockets that never say a word) cannot
 /// lock clients out.
 #[test]
 fn a_newcomer_takes_the_place_of_the_connection_idle_the_longest() {
     let idle = Duration::from_millis(50);
-    let opts = ServerOptions {
-        max_connections: 2,
-        evict_idle_after: idle,
-        ..ServerOptions::default()
-    };
-    let srv = TestServer::start(opts);
+    let srv = evicting_server(2, idle);
     let mut a = srv.client("disk1", false, false);
     std::thread::sleep(2 * idle);
     let mut b = srv.client("disk1", false, false);
@@ -1026,12 +1030,7 @@ fn a_client_stalled_mid_request_is_cut_off_an_idle_one_is_not() {
 #[test]
 fn a_connection_idle_after_a_large_write_makes_way() {
     let idle = Duration::from_millis(50);
-    let opts = ServerOptions {
-        max_connections: 1,
-        evict_idle_after: idle,
-        ..ServerOptions::default()
-    };
-    let srv = TestServer::start(opts);
+    let srv = evicting_server(1, idle);
     let mut a = srv.client("disk1", false, false);
     let big = vec![1u8; 256 << 10];
     let r = a
