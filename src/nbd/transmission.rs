@@ -163,7 +163,8 @@ struct Conn {
     /// Payload bytes of the last landing while a stream of large writes goes on; 0
     /// once anything else needed the export.
     last_landing: usize,
-    /// Set idle while waiting for a request with nothing in flight.
+    /// Set idle while waiting for a request with every reply sent (a landing may be
+    /// in flight: ending the connection still lands and answers it).
     activity: Arc<Activity>,
 }
 
