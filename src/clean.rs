@@ -333,6 +333,9 @@ pub(crate) fn shrink(shared: &Shared, progress: &mut dyn FnMut(u64, u64)) -> Res
         .compact_backrefs
         .store(true, std::sync::atomic::Ordering::Relaxed);
     settle_deletions(shared)?;
+    // The footprint drops to the live data: no spare files kept either.
+    shared.segments.discard_spares()?;
+    shared.vfs.sync_dir()?;
     report.footprint_after = footprint(shared)?;
     Ok(report)
 }

@@ -50,6 +50,7 @@ fn is_store_file(name: &str) -> bool {
             && name.ends_with(suffix)
     };
     between("seg-", ".dat")
+        || between("spare-", ".dat")
         || between("wal-", ".log")
         || between("backref-", ".run")
         || between("txn-", ".run")
@@ -239,6 +240,8 @@ fn load(
     let sb_file = SuperblockFile::read(&*vfs, &label)?;
     let segments = Segments::open(vfs.clone(), opts.read_only)?;
     segments.set_zeros_ahead(opts.data_zeros_ahead);
+    segments
+        .set_spare_limit((opts.checkpoint_data_bytes / crate::space::SEGMENT_TARGET_BYTES).max(2));
     let (sb, meta, chain) = load_newest(&sb_file, &segments)?;
     let fallback = sb_file
         .candidates()?

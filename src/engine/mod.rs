@@ -324,6 +324,7 @@ impl Shared {
     pub(crate) fn checkpoint_due(&self, dirty_bytes: u64) -> bool {
         self.wal.bytes_since_checkpoint() > self.opts.checkpoint_wal_bytes
             || dirty_bytes > self.opts.checkpoint_dirty_bytes
+            || self.segments.data_since_fence() > self.opts.checkpoint_data_bytes
     }
 
     /// The generation of the durable superblock.

@@ -17,6 +17,20 @@
 //! Which segments may still grow is the [`AppendFence`]: a checkpoint deletes an
 //! emptied segment only if no append can land in it after its freeze.
 //!
+//! **Spare files.** An emptied segment whose file is at least half a segment long is
+//! not removed but renamed `spare-<id>.dat` (at most `Options::checkpoint_data_bytes`
+//! worth of them, two at least; past that, removed), and the data stream's next segment is made
+//! from the oldest spare: new header, synced, renamed, directory synced. Its appends
+//! then overwrite blocks the file system has allocated and written, which this
+//! machine's disk takes 1.5 times faster than new ones (fio, 2 MiB direct writes:
+//! 2.3 against 1.6 GB/s), whose `fdatasync` commits no journal transaction, and
+//! which direct writes from several threads can share (ext4 serialises direct
+//! writes that extend a file). Only a stream of whole-page appends takes a spare
+//! (a partial page over old bytes would read them first). Spares are removed at a
+//! close and by `shrink`, and any found at an open (left by a crash) too, so a
+//! store's footprint holds them only while a process writes. PostgreSQL recycles
+//! its WAL segments for the same reasons.
+//!
 //! Opening tells three kinds of file named like a segment apart by their header:
 //! - a valid header: a segment of this store;
 //! - no header yet, or part of one (every byte present is zero or the byte the
@@ -135,6 +149,10 @@ struct Appender {
     /// Whether the last append was small (buffered, not direct): a stream of small
     /// appends is what a segment filled with zeros ahead speeds up.
     small: bool,
+    /// Whether the last append was of whole pages (every direct one is, padded; a
+    /// volume's batch of 4 KiB blocks is): such a stream may continue in a spare
+    /// file ([`Segments::take_spare`]) without reading the old pages it overwrites.
+    page_whole: bool,
 }
 
 /// Zeros are written ahead of the data stream only while its appends are made durable
@@ -142,6 +160,23 @@ struct Appender {
 /// they save time on. A stream synced rarely (writes without flushes, whose cost is
 /// the bandwidth) would only pay for writing them.
 const ZEROS_SYNC_GAP: u64 = 1 << 20;
+
+/// A segment file shorter than this is deleted, never kept as a spare: too little of
+/// it would be overwritten to be worth a rename.
+const SPARE_MIN_BYTES: u64 = SEGMENT_TARGET_BYTES / 2;
+
+/// The name an emptied segment's file takes as a spare: unique, as ids are never
+/// reused, and not a segment's name (so never opened as one).
+fn spare_name(id: SegmentId) -> String {
+    format!("spare-{:08x}.dat", id.0)
+}
+
+/// Whether `name` is a spare file's (see [`spare_name`]).
+pub(crate) fn is_spare_name(name: &str) -> bool {
+    name.strip_prefix("spare-")
+        .and_then(|n| n.strip_suffix(".dat"))
+        .is_some_and(|hex| hex.len() == 8 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+}
 
 /// The data segment made ahead of need ([`Segments::prepare_data_segment`]).
 struct Prepared {
@@ -325,6 +360,13 @@ pub(crate) struct Segments {
     pins: Mutex<BTreeMap<SegmentId, u32>>,
     /// Syncs value extents while the WAL syncs the records that name them.
     sync_helper: SyncHelper,
+    /// Emptied segment files kept to become data segments again (module docs,
+    /// "Spare files"), oldest first, with their lengths; at most `spare_limit`.
+    spares: Mutex<Vec<(String, u64)>>,
+    spare_limit: AtomicU64,
+    /// Bytes appended to data segments since the last checkpoint's fence: a
+    /// checkpoint threshold (`Options::checkpoint_data_bytes`).
+    data_since_fence: AtomicU64,
     read_only: bool,
 }
 
@@ -360,8 +402,14 @@ impl Segments {
     /// record refers to). A name that is not a regular file (a directory, a dangling
     /// link) fails the open.
     pub(crate) fn open(vfs: Arc<dyn Vfs>, read_only: bool) -> Result<Segments> {
-        let mut ids: Vec<SegmentId> = vfs
-            .list()?
+        let names = vfs.list()?;
+        if !read_only {
+            // Spare files a crash left behind: nothing lives in them.
+            for name in names.iter().filter(|n| is_spare_name(n)) {
+                vfs.remove(name)?;
+            }
+        }
+        let mut ids: Vec<SegmentId> = names
             .iter()
             .filter_map(|n| SegmentId::parse_file_name(n))
             .collect();
@@ -415,6 +463,7 @@ impl Segments {
                 resume: newest_of[kind as usize],
                 scratch: AlignedBuf::default(),
                 small: false,
+                page_whole: false,
             })
         };
         let sync_helper = SyncHelper::new(&*vfs);
@@ -437,6 +486,9 @@ impl Segments {
             sync_failed: std::sync::OnceLock::new(),
             pins: Mutex::new(BTreeMap::new()),
             sync_helper,
+            spares: Mutex::new(Vec::new()),
+            spare_limit: AtomicU64::new(0),
+            data_since_fence: AtomicU64::new(0),
             read_only,
         })
     }
@@ -537,18 +589,12 @@ impl Segments {
             }
             None => {
                 let id = self.take_id(None);
-                (id, self.create_segment(id, app.kind)?, false)
+                let reuse = app.kind == Kind::Data && app.page_whole;
+                let (file, written) = self.new_segment(id, app.kind, reuse)?;
+                (id, file, written > SEGMENT_HEADER_SIZE)
             }
         };
-        if let Some((_, old)) = &app.active {
-            // A data segment filled with zeros ahead ends where its blocks do: what is
-            // past them (zeros never overwritten) would count as dead bytes. Every
-            // append staged to it lies below `end`. If this fails, or a crash comes
-            // first, the zeros stay as dead bytes, cleaned like any others.
-            if old.len().is_ok_and(|len| len > app.end) {
-                let _ = old.set_len(app.end);
-            }
-        }
+        Self::cut_tail(app);
         self.files
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -590,14 +636,102 @@ impl Segments {
         Ok(file)
     }
 
+    /// A new segment `id` of `kind`, durable and named in a durable directory, and how
+    /// far its file is written (its header, or more). With `reuse`, a spare file
+    /// becomes it if there is one (its old bytes then lie past every block, dead);
+    /// otherwise, or if that fails, a new file is created.
+    fn new_segment(&self, id: SegmentId, kind: Kind, reuse: bool) -> Result<(Arc<dyn VFile>, u64)> {
+        if reuse {
+            if let Some(reused) = self.take_spare(id, kind) {
+                return Ok(reused);
+            }
+        }
+        match self.create_segment(id, kind) {
+            // The spares' space is the store's to use: given back, and one more try.
+            Err(Error::Io(e))
+                if e.kind() == std::io::ErrorKind::StorageFull && self.spare_count() > 0 =>
+            {
+                // The file may have been made before the disk filled: nothing is in it.
+                let _ = self.vfs.remove(&id.file_name());
+                self.discard_spares()?;
+                self.vfs.sync_dir()?;
+                Ok((self.create_segment(id, kind)?, SEGMENT_HEADER_SIZE))
+            }
+            other => Ok((other?, SEGMENT_HEADER_SIZE)),
+        }
+    }
+
+    /// Makes the oldest spare file segment `id` of `kind` (module docs, "Spare
+    /// files"): its new header is written and synced while it still has its spare
+    /// name, then it is renamed and the directory synced. A crash before the rename
+    /// leaves a spare (removed at the next open); after it, an empty segment whose
+    /// bytes past the header are dead (appends never continue a file past its end).
+    /// `None` if there is no spare, or if this one fails (it is then removed).
+    fn take_spare(&self, id: SegmentId, kind: Kind) -> Option<(Arc<dyn VFile>, u64)> {
+        let (spare, len) = {
+            let mut spares = lock(&self.spares);
+            if spares.is_empty() {
+                return None;
+            }
+            spares.remove(0)
+        };
+        let name = id.file_name();
+        let reused = (|| -> std::io::Result<Arc<dyn VFile>> {
+            let file = self.vfs.open(&spare)?;
+            file.write_all_at(&Self::header(id, kind), 0)?;
+            file.sync().inspect_err(|e| self.note_sync_failure(e))?;
+            drop(file);
+            self.vfs.rename(&spare, &name)?;
+            self.vfs.sync_dir()?;
+            // Opened again under its new name: a file finds its path by name (its
+            // direct-write descriptor is opened by path, at the first direct write).
+            self.vfs.open(&name)
+        })();
+        match reused {
+            Ok(file) => Some((file, len)),
+            Err(_) => {
+                // Its space back, and a new file instead. (If the rename happened but
+                // not the reopen, the segment is an empty one a checkpoint deletes.)
+                let _ = self.vfs.remove(&spare);
+                None
+            }
+        }
+    }
+
+    /// Keeps at most `files` spare files from now on (module docs, "Spare files").
+    pub(crate) fn set_spare_limit(&self, files: u64) {
+        self.spare_limit.store(files, Ordering::Relaxed);
+    }
+
+    /// Removes every spare file (a close, a shrink: the store's footprint is then its
+    /// segments). The caller syncs the directory.
+    pub(crate) fn discard_spares(&self) -> Result<()> {
+        let spares = std::mem::take(&mut *lock(&self.spares));
+        for (name, _) in spares {
+            self.vfs.remove(&name)?;
+        }
+        Ok(())
+    }
+
+    /// The number of spare files held now.
+    pub(crate) fn spare_count(&self) -> usize {
+        lock(&self.spares).len()
+    }
+
+    /// Bytes appended to data segments since the last [`Segments::fence`].
+    pub(crate) fn data_since_fence(&self) -> u64 {
+        self.data_since_fence.load(Ordering::Relaxed)
+    }
+
     /// Prepares the data stream's next segment ahead of need, one step per call, once
     /// the active one is three quarters full. Called by a committer after it let go
     /// of the writer lock; a no-op while another call is at it.
     ///
-    /// The first step creates the file, so that the append that fills the active
-    /// segment does not create one and wait for two fsyncs (~0.4 ms here, more in
-    /// the disk's tail) while its transaction holds the writer lock, as every other
-    /// writer, a snapshot or a clone then would. If zeros ahead are on
+    /// The first step creates the file (from a spare if the stream's appends are of
+    /// whole pages: module docs, "Spare files"), so that the append that fills the
+    /// active segment does not create one and wait for two fsyncs (~0.4 ms here, more
+    /// in the disk's tail) while its transaction holds the writer lock, as every other
+    /// writer, a snapshot or a clone then would. A spare needs no zeros. If zeros ahead are on
     /// (`Options::data_zeros_ahead`, off by default: they double the bytes written)
     /// and the appends are small (4 KiB blocks, flushed every few), each later step
     /// writes the next
@@ -615,7 +749,7 @@ impl Segments {
         let due = SEGMENT_TARGET_BYTES / 4 * 3;
         let synced_often = self.zeros_ahead.load(Ordering::Relaxed)
             && self.sync_gap.load(Ordering::Relaxed) <= ZEROS_SYNC_GAP;
-        let (small, zeros_due) = {
+        let (small, page_whole, zeros_due) = {
             let app = self.appender(Kind::Data);
             if app.active.is_none() || app.end < due {
                 return Ok(());
@@ -625,7 +759,7 @@ impl Segments {
             // eighth of the segment to go), a chunk every so many commits rather than
             // all of them in the first commits' way.
             let pace = (app.end - due) * 8 + 2 * ZERO_CHUNK as u64;
-            (app.small, pace.min(SEGMENT_TARGET_BYTES))
+            (app.small, app.page_whole, pace.min(SEGMENT_TARGET_BYTES))
         };
         let Ok(mut slot) = self.prepared.try_lock() else {
             return Ok(()); // another committer is preparing it
@@ -633,12 +767,12 @@ impl Segments {
         match &mut *slot {
             None => {
                 let id = self.take_id(Some(&self.prepared_id));
-                match self.create_segment(id, Kind::Data) {
-                    Ok(file) => {
+                match self.new_segment(id, Kind::Data, page_whole) {
+                    Ok((file, written)) => {
                         *slot = Some(Prepared {
                             id,
                             file,
-                            zeroed: SEGMENT_HEADER_SIZE,
+                            zeroed: written,
                             synced: true,
                         });
                         Ok(())
@@ -826,7 +960,10 @@ impl Segments {
         self.ensure_active(app, (padded + gap_room) as u64)?;
         let (id, file) = app.active.clone().expect("ensured");
         app.small = !direct;
+        app.page_whole = padded.is_multiple_of(DIRECT_ALIGN);
         self.since_sync.fetch_add(padded as u64, Ordering::Relaxed);
+        self.data_since_fence
+            .fetch_add(padded as u64, Ordering::Relaxed);
         if pin {
             *lock(&self.pins).entry(id).or_insert(0) += 1;
         }
@@ -1173,8 +1310,22 @@ impl Segments {
 
     /// Makes `app`'s next append start a new segment.
     fn close_stream(app: &mut Appender) {
+        Self::cut_tail(app);
         app.active = None;
         app.resume = None;
+    }
+
+    /// Cuts `app`'s active segment at its last block, which it no longer takes
+    /// appends past. A data segment filled with zeros ahead, or made from a spare,
+    /// ends where its blocks do: what is past them (zeros, a spare's old bytes) would
+    /// count as dead bytes. Every append staged to it lies below `end`. If this
+    /// fails, or a crash comes first, those bytes stay dead, cleaned like any others.
+    fn cut_tail(app: &Appender) {
+        if let Some((_, file)) = &app.active {
+            if file.len().is_ok_and(|len| len > app.end) {
+                let _ = file.set_len(app.end);
+            }
+        }
     }
 
     /// Whether `id` is the segment file with the highest id, the one that keeps ids
@@ -1213,6 +1364,7 @@ impl Segments {
         let mut general = self.appender(Kind::General);
         let mut data = self.appender(Kind::Data);
         data.resume = None;
+        self.data_since_fence.store(0, Ordering::Relaxed);
         let growing = [&mut general, &mut data]
             .map(|app| app.active.as_ref().map(|(id, _)| *id).or(app.resume));
         let next = lock(&self.next_id);
@@ -1255,14 +1407,7 @@ impl Segments {
     /// back to its header is continued by the next process's appends. Best effort:
     /// zeros left are dead bytes, cleaned like any others.
     pub(crate) fn trim_zeros(&self) {
-        {
-            let app = self.appender(Kind::Data);
-            if let Some((_, file)) = &app.active {
-                if file.len().is_ok_and(|len| len > app.end) {
-                    let _ = file.set_len(app.end);
-                }
-            }
-        }
+        Self::cut_tail(&self.appender(Kind::Data));
         if let Some(p) = lock(&self.prepared).as_mut() {
             if p.zeroed > SEGMENT_HEADER_SIZE && p.file.set_len(SEGMENT_HEADER_SIZE).is_ok() {
                 p.zeroed = SEGMENT_HEADER_SIZE;
@@ -1271,9 +1416,10 @@ impl Segments {
     }
 
     /// Ids and sizes of every segment file: where its blocks end, which for the data
-    /// segment taking appends may be short of the file's end (zeros written ahead:
-    /// [`Segments::prepare_data_segment`]). The store's footprint counts the files'
-    /// lengths.
+    /// segment taking appends may be short of the file's end (zeros written ahead, a
+    /// spare's old bytes: [`Segments::prepare_data_segment`]; the segment prepared
+    /// ahead is not listed until the stream takes it). The store's footprint counts
+    /// the files' lengths.
     pub(crate) fn sizes(&self) -> Result<Vec<(SegmentId, u64)>> {
         // The list taken under the data stream's lock (the order `roll` takes them
         // in), so that a roll cannot come between the active segment's end and it.
@@ -1301,14 +1447,17 @@ impl Segments {
             .collect()
     }
 
-    /// Deletes an empty segment. The caller guarantees nothing reachable lives in it.
+    /// Deletes an empty segment, or keeps its file as a spare (module docs, "Spare
+    /// files"). The caller guarantees nothing reachable lives in it, and syncs the
+    /// directory.
     pub(crate) fn delete(&self, id: SegmentId) -> Result<()> {
         assert!(!self.is_active(id), "deleting an active segment");
         assert!(
             !self.is_highest(id),
             "deleting the segment with the highest id"
         );
-        self.files
+        let file = self
+            .files
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(&id);
@@ -1317,7 +1466,18 @@ impl Segments {
             unsynced.all.remove(&id);
             unsynced.values.remove(&id);
         }
-        self.vfs.remove(&id.file_name())?;
+        let name = id.file_name();
+        if let Some(len) = file.and_then(|f| f.len().ok()) {
+            let mut spares = lock(&self.spares);
+            let room = (spares.len() as u64) < self.spare_limit.load(Ordering::Relaxed);
+            if room && len >= SPARE_MIN_BYTES && !self.read_only {
+                let spare = spare_name(id);
+                self.vfs.rename(&name, &spare)?;
+                spares.push((spare, len));
+                return Ok(());
+            }
+        }
+        self.vfs.remove(&name)?;
         Ok(())
     }
 }

@@ -686,3 +686,108 @@ fn a_fence_taken_during_rolls_holds_every_segment_appends_reach() {
         }
     }
 }
+
+/// An emptied segment's file becomes a spare (up to the limit; past it, and if too
+/// short, it is removed), and the data stream's next segment is made from the oldest
+/// spare while its appends are of whole pages: the file keeps its length and its
+/// blocks start on a page, its header and name are durable before the first append
+/// (a power cut that drops everything unsynced finds the segment, whole), `sizes`
+/// does not list it while it is only prepared, and the spare's old bytes are
+/// cut off when the stream rolls past it. Spares left at an open are removed, and
+/// `discard_spares` removes them all.
+#[test]
+fn emptied_segments_become_spares_and_the_data_stream_reuses_them() {
+    let sim = SimVfs::new();
+    let segments = Segments::open(Arc::new(sim.clone()), false).unwrap();
+    segments.set_spare_limit(2);
+    let mut chunk = AlignedBuf::default();
+    chunk.extend_from_slice(&vec![7u8; 4 << 20]);
+    let fill = |segments: &Segments| {
+        let start = segments
+            .append_value(chunk.as_slice())
+            .unwrap()
+            .addr
+            .segment();
+        let mut last = start;
+        while last == start {
+            last = segments
+                .append_value(chunk.as_slice())
+                .unwrap()
+                .addr
+                .segment();
+        }
+        start
+    };
+    // Three full data segments and a short general one, all emptied.
+    let full: Vec<SegmentId> = (0..3).map(|_| fill(&segments)).collect();
+    let short = segments.append(b"node").unwrap().addr.segment();
+    segments.seal();
+    segments.append(b"newer node").unwrap();
+    segments.sync().unwrap();
+    segments.delete(short).unwrap();
+    for id in &full {
+        segments.delete(*id).unwrap();
+    }
+    let spare_names: Vec<String> = sim
+        .names()
+        .into_iter()
+        .filter(|n| is_spare_name(n))
+        .collect();
+    assert_eq!(
+        spare_names,
+        [spare_name(full[0]), spare_name(full[1])],
+        "two kept, oldest first"
+    );
+    assert!(
+        !sim.names().contains(&name(full[2].0)),
+        "past the limit: removed"
+    );
+    assert!(!sim.names().contains(&name(short.0)), "too short: removed");
+    let spare_len = sim.file_len(&spare_name(full[0])).unwrap();
+    assert!(spare_len >= SPARE_MIN_BYTES);
+
+    // The active data segment past three quarters: the next one is made from a spare.
+    while segments.appender(Kind::Data).end < SEGMENT_TARGET_BYTES / 4 * 3 {
+        segments.append_value(chunk.as_slice()).unwrap();
+    }
+    let active = segments.appender(Kind::Data).active.as_ref().unwrap().0;
+    segments.prepare_data_segment().unwrap();
+    let prepared = lock(&segments.prepared_id).expect("prepared");
+    assert_eq!(
+        sim.file_len(&name(prepared.0)),
+        Some(spare_len),
+        "the spare's file"
+    );
+    assert!(!sim.names().contains(&spare_name(full[0])));
+    assert_eq!(segments.spare_count(), 1);
+    let sizes = segments.sizes().unwrap();
+    assert!(sizes.iter().all(|(id, _)| *id != prepared), "{sizes:?}");
+    let cut = sim.fork().crash_drop_all();
+    let reopened = Segments::open(Arc::new(cut.clone()), false).unwrap();
+    assert!(
+        reopened.contains(prepared),
+        "renamed and durable before any append"
+    );
+    assert!(
+        cut.names().iter().all(|n| !is_spare_name(n)),
+        "spares removed at an open"
+    );
+    drop(reopened);
+
+    // The roll takes it; blocks start on a page and read back.
+    let mut r = segments.append_value(chunk.as_slice()).unwrap();
+    while r.addr.segment() == active {
+        r = segments.append_value(chunk.as_slice()).unwrap();
+    }
+    assert_eq!(r.addr, Addr::new(prepared, DIRECT_ALIGN as u64));
+    assert_eq!(segments.read(r, "value").unwrap(), chunk.as_slice());
+    // Rolling past it cuts its old bytes off at its last block.
+    let end = segments.appender(Kind::Data).end;
+    segments.seal_if_active(prepared);
+    segments.append_value(chunk.as_slice()).unwrap();
+    assert_eq!(sim.file_len(&name(prepared.0)), Some(end));
+
+    segments.discard_spares().unwrap();
+    assert_eq!(segments.spare_count(), 0);
+    assert!(sim.names().iter().all(|n| !is_spare_name(n)));
+}
