@@ -307,9 +307,10 @@ impl Store {
     pub(crate) fn write_values_pinned(
         &self,
         values: &[&[u8]],
+        run: Option<&[u8]>,
     ) -> Result<(Vec<crate::format::BlockRef>, crate::space::Pin<'_>)> {
         self.shared.check_writable()?;
-        self.shared.segments.write_values_pinned(values)
+        self.shared.segments.write_values_pinned(values, run)
     }
 
     /// Makes every transaction committed so far durable (those committed with

@@ -17,8 +17,7 @@
 mod segments;
 
 pub(crate) use segments::{
-    checksum_refs, AppendFence, Pin, Segments, DIRECT_MIN_BYTES, SEGMENT_HEADER_SIZE,
-    SEGMENT_TARGET_BYTES,
+    checksum_refs, AppendFence, Pin, Segments, SEGMENT_HEADER_SIZE, SEGMENT_TARGET_BYTES,
 };
 
 use crate::format::{BlockRef, SegmentId};

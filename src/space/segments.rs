@@ -1020,19 +1020,35 @@ impl Segments {
     }
 
     /// Writes `values` to a data segment before the transaction that will name them
-    /// has begun, so that the write is not made under the writer lock (a volume's
-    /// write batch: the copy into the page cache was a third of a connection thread's
-    /// time, all of it under the lock). The [`Pin`] keeps their segment from being
-    /// deleted until that transaction is over. For less than [`DIRECT_MIN_BYTES`] in
-    /// all; a larger write overlaps the transaction instead (`WriteTxn::put_many`).
-    pub(crate) fn write_values_pinned(&self, values: &[&[u8]]) -> Result<(Vec<BlockRef>, Pin<'_>)> {
-        let mut staged = self.stage_values_pinning(values, None, true, false)?;
+    /// has begun, so that the write is not made under the writer lock, where every
+    /// other writer, a snapshot or a clone would wait for it (a volume's write batch:
+    /// the copy into the page cache was a third of a connection thread's time; an
+    /// 8 MiB direct write takes milliseconds). The [`Pin`] keeps their segment from
+    /// being deleted until that transaction is over. `run` is as for
+    /// [`Segments::stage_values`]; a direct write's checksums are computed while it
+    /// is in flight.
+    pub(crate) fn write_values_pinned(
+        &self,
+        values: &[&[u8]],
+        run: Option<&[u8]>,
+    ) -> Result<(Vec<BlockRef>, Pin<'_>)> {
+        let mut staged = self.stage_values_pinning(values, run, true, true)?;
         let pin = Pin {
             segments: self,
             id: staged.segment,
         };
-        let refs = std::mem::take(&mut staged.refs);
-        self.write_staged(staged)?;
+        let mut refs = std::mem::take(&mut staged.refs);
+        if !staged.checksums_deferred {
+            self.write_staged(staged)?;
+            return Ok((refs, pin));
+        }
+        let written = std::thread::scope(|scope| {
+            let io = scope.spawn(|| self.write_staged(staged));
+            checksum_refs(&mut refs, values);
+            io.join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        });
+        written?;
         Ok((refs, pin))
     }
 

@@ -360,11 +360,13 @@ fn values_written_ahead_pin_their_segment_until_their_transaction_is_over() {
     let sim = SimVfs::new();
     let segments = Segments::open(Arc::new(sim.clone()), false).unwrap();
     let block = [5u8; 4096];
-    let (refs, pin) = segments.write_values_pinned(&[&block, &block]).unwrap();
+    let (refs, pin) = segments
+        .write_values_pinned(&[&block, &block], None)
+        .unwrap();
     assert_eq!(refs.len(), 2);
     let id = refs[0].addr.segment();
     assert_eq!(segments.read(refs[1], "extent").unwrap(), block);
-    let (_, second) = segments.write_values_pinned(&[&block]).unwrap();
+    let (_, second) = segments.write_values_pinned(&[&block], None).unwrap();
     segments.seal_if_active(id);
     assert!(!segments.is_active(id));
     assert!(segments.fence().may_grow(id), "pinned twice");

@@ -42,7 +42,6 @@ use crate::error::{Error, Result};
 use crate::format::BlockRef;
 use crate::limits::INLINE_VALUE_MAX;
 use crate::options::Durability;
-use crate::space::DIRECT_MIN_BYTES;
 use crate::store::Store;
 use crate::txn::{ReadTxn, WriteTxn};
 use blocks::{block_key, block_of, is_zero, pieces, BlockKey, Piece};
@@ -326,12 +325,17 @@ impl Volume {
         for &(offset, data) in writes {
             self.check_range(offset, data.len() as u64)?;
         }
-        if let Some(blocks) = self.whole_small_blocks(writes) {
-            // The common case (whole blocks of data, less than a direct write's worth):
-            // the blocks go to their segment before the transaction takes the writer
-            // lock, which then covers only the mappings (see `write_values_pinned`).
+        if let Some(blocks) = self.whole_blocks(writes) {
+            // The common case (whole blocks of data): the blocks go to their segment
+            // before the transaction takes the writer lock, which then covers only the
+            // mappings (see `write_values_pinned`). One write's blocks go to disk from
+            // its own buffer if it is aligned for a direct write (an NBD landing's is).
             let values: Vec<&[u8]> = blocks.iter().map(|(_, v)| *v).collect();
-            let (extents, pin) = self.store.write_values_pinned(&values)?;
+            let run = match writes {
+                [(_, data)] => Some(*data),
+                _ => None,
+            };
+            let (extents, pin) = self.store.write_values_pinned(&values, run)?;
             let pairs: Vec<(&[u8], BlockRef)> = blocks
                 .iter()
                 .zip(extents)
@@ -377,17 +381,13 @@ impl Volume {
     }
 
     /// The blocks of `writes` with their keys, if every piece is a whole block, none
-    /// all zeroes, blocks are stored out of line (over 1 KiB), and they weigh less than
-    /// a direct write: what [`Volume::write_many`] writes ahead of its transaction.
-    fn whole_small_blocks<'d>(
-        &self,
-        writes: &[(u64, &'d [u8])],
-    ) -> Option<Vec<(BlockKey, &'d [u8])>> {
+    /// all zeroes, and blocks are stored out of line (over 1 KiB): what
+    /// [`Volume::write_many`] writes ahead of its transaction.
+    fn whole_blocks<'d>(&self, writes: &[(u64, &'d [u8])]) -> Option<Vec<(BlockKey, &'d [u8])>> {
         let bs = self.header.block_size as usize;
         let total: usize = writes.iter().map(|(_, d)| d.len()).sum();
         // A snapshot's handle takes the ordinary path, which refuses before writing.
-        if self.is_read_only() || bs <= INLINE_VALUE_MAX || total >= DIRECT_MIN_BYTES || total == 0
-        {
+        if self.is_read_only() || bs <= INLINE_VALUE_MAX || total == 0 {
             return None;
         }
         let mut blocks = Vec::with_capacity(total / bs);
