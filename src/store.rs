@@ -329,9 +329,15 @@ impl Store {
     /// end. Versions made from this one keep all their data. `main`, the default
     /// branch, cannot be dropped ([`Error::DefaultBranch`]).
     pub fn drop_version(&self, name: &str) -> Result<()> {
+        self.drop_version_if(name, None)
+    }
+
+    /// [`Store::drop_version`], with `only_id`: only if `name` is still the version
+    /// with that id (a handle bound to it must not drop a newcomer of the same name).
+    pub(crate) fn drop_version_if(&self, name: &str, only_id: Option<u32>) -> Result<()> {
         // Its space comes back later (reclamation, then a checkpoint).
         self.reserve.allow_until_restored();
-        versions::drop_version(&self.shared, name)
+        versions::drop_version(&self.shared, name, only_id)
     }
 
     /// Frees up to `max_nodes` nodes of dropped versions and returns whether more

@@ -230,7 +230,9 @@ pub(crate) fn make_version(
 }
 
 /// Removes version `name`; the walk that frees its nodes runs in the background.
-pub(crate) fn drop_version(shared: &Shared, name: &str) -> Result<()> {
+/// With `only_id`, only if `name` is still that version (not another made under the
+/// same name since): otherwise `VersionNotFound`.
+pub(crate) fn drop_version(shared: &Shared, name: &str, only_id: Option<u32>) -> Result<()> {
     if name == MAIN_BRANCH {
         return Err(Error::DefaultBranch(name.to_owned()));
     }
@@ -238,6 +240,7 @@ pub(crate) fn drop_version(shared: &Shared, name: &str) -> Result<()> {
     let id = w
         .catalog
         .by_name(name)
+        .filter(|v| only_id.is_none_or(|only| v.id.0 == only))
         .ok_or_else(|| Error::VersionNotFound(name.to_owned()))?
         .id;
     let record = Record::Version(VersionOp::Drop { id: id.0 });

@@ -321,6 +321,15 @@ fn an_import_cut_short_is_marked_and_replaced_by_the_next() {
     let half = tmp.path().join("half.raw");
     fails(t.volume("export", &["img", s(&half)]), 3, &["incomplete"]);
     assert!(!half.exists());
+    // Nor by the version commands, nor a resize (which the import would undo).
+    fails(t.run("snapshot", &["img", "img.gs"]), 3, &["incomplete"]);
+    fails(t.run("branch", &["img", "img.gb"]), 3, &["incomplete"]);
+    fails(
+        t.volume("resize", &["img", "--size", "16M"]),
+        3,
+        &["incomplete"],
+    );
+    assert_eq!(t.volume_json("list", &[]).as_array().map(Vec::len), Some(2));
 
     // The same import again, from a file: it replaces the remains.
     let image = tmp.path().join("img.raw");

@@ -6,6 +6,7 @@ use super::error::{output_error, CliError, CliResult};
 use super::open::{check_name, open_read_only};
 use super::output::{print_json, print_key_value};
 use super::Ctx;
+use cambium::volume::Volume;
 use cambium::{Change, Store, VersionInfo, VersionKind};
 use serde::Serialize;
 use std::collections::HashMap;
@@ -21,6 +22,11 @@ pub fn make_in(
     name: &str,
     kind: VersionKind,
 ) -> CliResult<Outcome> {
+    // A volume's half-imported image is copied by no command (`volume snapshot`
+    // refuses it too).
+    if let Ok(vol) = Volume::open(store, source) {
+        vol.check_complete()?;
+    }
     match kind {
         VersionKind::Snapshot => store.snapshot(source, name)?,
         VersionKind::Branch => store.branch(source, name)?,

@@ -8,7 +8,7 @@ use super::codec::human_bytes;
 use super::control::{Outcome, Request};
 use super::error::{CliError, CliResult};
 use cambium::volume::{Volume, VolumeInfo};
-use cambium::{Durability, Store};
+use cambium::{Durability, Error, Store};
 use std::io::{BufRead, Read};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -82,6 +82,7 @@ pub fn execute(
         }
         Request::VolumeResize { name, size_bytes } => {
             let mut vol = Volume::open(store, name)?;
+            vol.check_complete()?;
             vol.resize(*size_bytes).map_err(usage_if_invalid)?;
             Outcome::new(
                 format!("resized volume {name} to {}\n", human_bytes(*size_bytes)),
@@ -235,10 +236,7 @@ fn import(
         Ok(vol.complete()?)
     });
     if let Err(e) = copied {
-        // Half an image is no image: the new volume goes again (best effort; a
-        // failure to drop it leaves a volume the user can drop by name).
-        let _ = Volume::drop_volume(store, name);
-        return Err(e);
+        return Err(abandon(vol, e));
     }
     bar.finish_and_clear();
     imported(store, &vol, name, &source, len)
@@ -271,14 +269,25 @@ fn import_stream(
     });
     let len = match copied {
         Ok(len) => len,
-        Err(e) => {
-            // As for a file: half an image is no image.
-            let _ = Volume::drop_volume(store, name);
-            return Err(e);
-        }
+        Err(e) => return Err(abandon(vol, e)),
     };
     bar.finish_and_clear();
     imported(store, &vol, name, source, len)
+}
+
+/// An import that failed with `e`: half an image is no image, so the volume it was
+/// filling goes again (best effort: one left behind is marked incomplete, and the next
+/// import of its name replaces it), unless it is gone already (dropped meanwhile: a
+/// volume made under its name since is not this import's to drop). Returns the error
+/// to report.
+fn abandon(vol: Volume, e: CliError) -> CliError {
+    let name = vol.name().to_owned();
+    match vol.drop_this() {
+        Err(Error::VolumeNotFound(_)) => CliError::failure(format!(
+            "volume {name} was dropped while the import was filling it"
+        )),
+        _ => e,
+    }
 }
 
 /// Copies `input` (`source`, for messages) to its end into the new volume `vol`,

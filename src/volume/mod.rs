@@ -213,6 +213,20 @@ impl Volume {
         self.header.incomplete
     }
 
+    /// `InvalidArgument` if the volume is [incomplete](Volume::is_incomplete): what
+    /// refuses to copy, export or resize half an image, which would pass for a whole
+    /// one (or, resized, undo or break the import filling it).
+    pub fn check_complete(&self) -> Result<()> {
+        if self.is_incomplete() {
+            return Err(Error::InvalidArgument(format!(
+                "volume {:?} is incomplete (an import is filling it, or was cut short): \
+                 import it again, or drop it",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
     /// Makes a new, empty volume `name` of `size_bytes` (a positive multiple of
     /// `block_size`, a power of two from 512 B to 1 MiB). Durable on return.
     pub fn create(store: &Store, name: &str, size_bytes: u64, block_size: u32) -> Result<Volume> {
@@ -615,13 +629,8 @@ impl Volume {
         kind: VersionKind,
         durability: Durability,
     ) -> Result<(Volume, Instant)> {
-        if Volume::open(store, source)?.is_incomplete() {
-            // A copy of half an image would look whole to whoever uses it.
-            return Err(Error::InvalidArgument(format!(
-                "volume {source:?} is incomplete (an import is filling it, or was cut \
-                 short): import it again, or drop it"
-            )));
-        }
+        // A copy of half an image would look whole to whoever uses it.
+        Volume::open(store, source)?.check_complete()?;
         let made = store.copy_version(source, name, kind, durability)?;
         Ok((Volume::open(store, name)?, made))
     }
@@ -630,6 +639,20 @@ impl Volume {
     pub fn drop_volume(store: &Store, name: &str) -> Result<()> {
         Volume::open(store, name)?;
         store.drop_version(name)
+    }
+
+    /// Drops the volume this handle was opened on, if its name still names it (not
+    /// another volume made under the same name since, after a `volume drop`): what
+    /// an import cut short does with the volume it was filling.
+    /// `VolumeNotFound` if it is gone.
+    pub fn drop_this(self) -> Result<()> {
+        match self
+            .store
+            .drop_version_if(&self.name, Some(self.version_id))
+        {
+            Err(Error::VersionNotFound(_)) => Err(Error::VolumeNotFound(self.name)),
+            other => other,
+        }
     }
 
     /// Every volume (and volume snapshot) in the store, in the order they were made,

@@ -364,3 +364,35 @@ fn a_snapshot_does_not_wait_for_a_large_writes_data() {
     vol.read_at(0, &mut all).unwrap();
     assert!(all.iter().all(|&x| x == 9));
 }
+
+/// A handle drops only the volume it was opened on: after that volume was dropped and
+/// another made under its name, `drop_this` leaves the newcomer alone (an import cut
+/// short once dropped a volume made meanwhile, flushed data and all).
+#[test]
+fn drop_this_leaves_a_newcomer_of_the_same_name_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::create(dir.path()).unwrap();
+    let (filling, _guard) = Volume::create_filling(&store, "imp", 16 * BS, BS as u32).unwrap();
+    Volume::drop_volume(&store, "imp").unwrap();
+    let newcomer = Volume::create(&store, "imp", 8 * BS, BS as u32).unwrap();
+    newcomer
+        .write_at(0, &[5u8; BS as usize], Durability::Immediate)
+        .unwrap();
+    assert!(matches!(filling.drop_this(), Err(Error::VolumeNotFound(_))));
+    let mut b = vec![0u8; BS as usize];
+    Volume::open(&store, "imp")
+        .unwrap()
+        .read_at(0, &mut b)
+        .unwrap();
+    assert_eq!(
+        b,
+        vec![5u8; BS as usize],
+        "the newcomer and its data are there"
+    );
+    // Its own handle drops it.
+    newcomer.drop_this().unwrap();
+    assert!(matches!(
+        Volume::open(&store, "imp"),
+        Err(Error::VolumeNotFound(_))
+    ));
+}
