@@ -445,11 +445,7 @@ fn pending_after(
     };
     let mut pending: Vec<PendingDelete> = lock(&shared.pending_deletes).iter().copied().collect();
     for (id, _) in shared.segments.sizes()? {
-        if !live_after(id)
-            && !fence.may_grow(id)
-            && !shared.segments.is_highest(id)
-            && !pending.iter().any(|p| p.segment == id)
-        {
+        if !live_after(id) && !fence.may_grow(id) && !pending.iter().any(|p| p.segment == id) {
             pending.push(PendingDelete {
                 segment: id,
                 lsn,
@@ -575,7 +571,8 @@ fn after_durable(shared: &Shared, epoch: u64) {
 /// Whether a pending deletion waits only for the next checkpoint: emptied by the
 /// durable generation (the fallback slot reaches it) and not kept for another reason
 /// (a blob the newest slot reads, a reader view, the active segment). A blob only the
-/// fallback slot reads no longer holds it after the next checkpoint.
+/// fallback slot reads no longer holds it after the next checkpoint. (The segment
+/// with the highest id counts: that checkpoint cuts it back to its header.)
 pub(crate) fn deletions_wait_for_next_generation(shared: &Shared) -> bool {
     let (generation, metas) = {
         let d = lock(&shared.durable);
@@ -587,7 +584,7 @@ pub(crate) fn deletions_wait_for_next_generation(shared: &Shared) -> bool {
             && oldest_view.is_none_or(|v| v >= p.lsn)
             && !metas.contains(&p.segment)
             && !shared.segments.is_active(p.segment)
-            && !shared.segments.is_highest(p.segment)
+            && !(shared.segments.is_highest(p.segment) && shared.segments.is_cut(p.segment))
     })
 }
 
@@ -608,9 +605,15 @@ pub(crate) fn delete_unreachable_segments(shared: &Shared) {
         let reachable = oldest_view.is_some_and(|v| v < p.lsn)
             || generation <= p.generation
             || metas.contains(&p.segment)
-            || shared.segments.is_active(p.segment)
-            || shared.segments.is_highest(p.segment);
+            || shared.segments.is_active(p.segment);
         if reachable {
+            return true;
+        }
+        if shared.segments.is_highest(p.segment) {
+            // Kept for its name (ids are never reused), not for its bytes: cut back to
+            // its header, it gives its space back now and is deleted once a newer
+            // segment exists.
+            shared.segments.cut_to_header(p.segment);
             return true;
         }
         // A failed delete leaves dead bytes behind, nothing worse; try again later.

@@ -135,7 +135,14 @@ pub(crate) fn clean(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<CleanReport> {
     let _one_at_a_time = lock(&shared.cleaning);
-    clean_at_most(shared, dead_below, u64::MAX, None, progress)
+    let mut report = clean_at_most(shared, dead_below, u64::MAX, None, progress)?;
+    // Asked for, the space it frees is given back, not kept as spare files.
+    if shared.segments.spare_count() > 0 {
+        shared.segments.discard_spares()?;
+        shared.vfs.sync_dir()?;
+        report.footprint_after = footprint(shared)?;
+    }
+    Ok(report)
 }
 
 /// Cleans when [`crate::options::Options::auto_clean_dead_percent`] says it is due: dead bytes

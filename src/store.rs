@@ -356,6 +356,33 @@ impl Store {
         versions::finish_drops(&self.shared)
     }
 
+    /// Brings back the space of dropped versions now, as a close does: their nodes
+    /// freed ([`Store::finish_drops`]), the data stream moved on from its segment
+    /// (which may hold their blocks: an active segment is never deleted), then
+    /// checkpoints until the segments emptied are deleted. For a process that keeps
+    /// the store open (a server): `cambium drop` through it returns with the space
+    /// free, as it does on its own. On a full disk it may use the reserve.
+    pub fn reclaim_dropped(&self) -> Result<()> {
+        self.shared.check_writable()?;
+        let allowed = self.reserve.allow();
+        versions::finish_drops(&self.shared)?;
+        self.shared.segments.seal_data();
+        // The first checkpoint leaves the dropped trees out of the durable state; the
+        // second frees what they held alone (until then the durable state reached
+        // it) and finds the segments that emptied; a third deletes them.
+        checkpoint::run(&self.shared, None)?;
+        checkpoint::run(&self.shared, None)?;
+        if checkpoint::deletions_wait_for_next_generation(&self.shared) {
+            checkpoint::run(&self.shared, None)?;
+        }
+        // The space is the user's, not the next segments' to reuse.
+        self.shared.segments.discard_spares()?;
+        self.shared.vfs.sync_dir()?;
+        drop(allowed);
+        self.restore_reserve();
+        Ok(())
+    }
+
     /// Every version, in the order they were made, with its space accounting. The
     /// figures count nodes as they are (or will be, once checkpointed) on disk.
     /// This reads every node of the store once (shared subtrees once), plus the

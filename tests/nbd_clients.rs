@@ -1076,6 +1076,51 @@ fn a_stale_connection_cannot_write_into_a_recreated_volume() {
     server.stop_clean(&t.dir);
 }
 
+/// Bytes of the files in a store directory (what `du` would count, holes aside).
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// `volume drop` through a running server returns with the volume's space free, as
+/// it does on its own (it used to stay until the server stopped: the dropped blocks
+/// were in the data segment taking appends, the newest file, never deleted).
+#[test]
+fn a_drop_through_the_server_gives_the_space_back() {
+    let t = TestStore::new();
+    let tmp = tempfile::tempdir().unwrap();
+    t.create("big", "64M");
+    t.create("other", "8M");
+    let image = tmp.path().join("img");
+    make_image(&image, 40 << 20, &[(0, 40 << 20)], 7);
+    let server = Server::start(&t.dir);
+    client_ok("nbdcopy", &[s(&image), &server.uri("big")]);
+    let before = dir_bytes(&t.dir);
+    assert!(before > 40 << 20, "{before}");
+    ok(t.volume("drop", &["big"]));
+    let after = dir_bytes(&t.dir);
+    assert!(
+        after < 16 << 20,
+        "{before} bytes before the drop, {after} after"
+    );
+    // Writes go on, and the store is whole.
+    let small = tmp.path().join("small");
+    let want = make_image(&small, 8 << 20, &[(1 << 20, 2 << 20)], 9);
+    client_ok("nbdcopy", &[s(&small), &server.uri("other")]);
+    assert_same(
+        "other",
+        &nbd_read_all(&server.uri("other"), tmp.path(), "back"),
+        &want,
+    );
+    server.stop_clean(&t.dir);
+    let verified = ok(t.run("verify", &[]));
+    assert!(verified.contains("clean"), "{verified}");
+}
+
 /// A connection to control.sock that sends nothing must not keep `cambium serve`
 /// from stopping on SIGTERM (it used to wait for that request forever, holding the
 /// store's lock).
@@ -1093,6 +1138,37 @@ fn an_idle_control_connection_does_not_block_shutdown() {
         exited.is_some(),
         "cambium serve still running 15 s after SIGTERM, waiting on an idle control connection"
     );
+}
+
+/// Control connections that send nothing do not keep commands out: at the limit of
+/// requests in progress, the one silent the longest makes room (a black-box review
+/// locked every command out for 10 s with 64 of them). A command's connection is
+/// closed once it is answered.
+#[test]
+fn silent_control_connections_do_not_lock_commands_out() {
+    let t = TestStore::new();
+    t.create("disk", "1M");
+    let server = Server::start(&t.dir);
+    let silent: Vec<UnixStream> = (0..80)
+        .map(|_| UnixStream::connect(t.dir.join("control.sock")).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..3 {
+        let listed = ok(t.volume("list", &[]));
+        assert!(listed.contains("disk"), "{listed}");
+    }
+    // The silent one that made room was closed (the rest past the limit were
+    // refused at once, with an answer saying so).
+    let closed = silent
+        .iter()
+        .filter(|c| {
+            c.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+            matches!((&**c).read(&mut [0u8; 1]), Ok(0))
+        })
+        .count();
+    assert!(closed >= 1, "{closed} silent connections closed");
+    drop(silent);
+    server.stop_clean(&t.dir);
 }
 
 /// While `serve` holds the store, the key-value and space commands reach it over the

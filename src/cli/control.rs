@@ -237,6 +237,15 @@ impl Outcome {
     pub fn is_nothing(&self) -> bool {
         self.text.is_empty() && self.json.is_null()
     }
+
+    /// Adds a warning about a later step that failed (the command's own work done): a
+    /// line of the text, and a `warning` field of a JSON object.
+    pub fn warn(&mut self, warning: String) {
+        self.text.push_str(&format!("warning: {warning}\n"));
+        if let serde_json::Value::Object(fields) = &mut self.json {
+            fields.insert("warning".into(), warning.into());
+        }
+    }
 }
 
 /// A request with how its answer is wanted.

@@ -270,9 +270,28 @@ pub fn execute(
             name,
             VersionKind::Branch,
         )),
-        Request::Drop { name } => catalog(versions::drop_in(store, name)),
+        Request::Drop { name } => {
+            catalog(versions::drop_in(store, name).map(|o| reclaimed(ctx, store, o)))
+        }
+        Request::VolumeDrop { .. } => catalog(
+            volume::execute(store, request, input, ctx.local).map(|o| reclaimed(ctx, store, o)),
+        ),
         _ => catalog(volume::execute(store, request, input, ctx.local)),
     }
+}
+
+/// A drop run by a server: its space comes back before the answer, as it does when
+/// the command runs on its own (whose close reclaims it). A failure to (a full disk
+/// the reserve did not cover) leaves the drop done and its space to the server's
+/// background work, and says so.
+fn reclaimed(ctx: &Ctx, store: &Store, mut outcome: Outcome) -> Outcome {
+    if ctx.local {
+        return outcome;
+    }
+    if let Err(e) = store.reclaim_dropped() {
+        outcome.warn(format!("its space comes back later: {e}"));
+    }
+    outcome
 }
 
 /// Prints what a catalog request did, having recorded what it committed.

@@ -148,7 +148,16 @@ const CONTROL_READ_TIMEOUT: Duration = Duration::from_secs(10);
 struct Pending {
     thread: JoinHandle<()>,
     conn: UnixStream,
+    accepted: std::time::Instant,
+    /// Set once its request is read: from then on it is a command at work.
+    received: Arc<AtomicBool>,
 }
+
+/// A control connection that has sent no request this long after it was accepted
+/// (a `cambium` command sends its request at once) is closed to make room when the
+/// requests in progress are at [`MAX_CONTROL_REQUESTS`]: connections that say
+/// nothing must not keep commands out.
+const CONTROL_EVICT_SILENT_AFTER: Duration = Duration::from_millis(100);
 
 /// Most control requests in progress at once; beyond them a request is refused.
 const MAX_CONTROL_REQUESTS: usize = 64;
@@ -256,6 +265,22 @@ fn accept_loop(
         let mut live = requests.lock().unwrap_or_else(|p| p.into_inner());
         live.retain(|p| !p.thread.is_finished());
         if live.len() >= MAX_CONTROL_REQUESTS {
+            // The connection silent the longest makes room, if one has been long
+            // enough (its thread ends at the closed socket).
+            let silent = live
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| {
+                    !p.received.load(Ordering::SeqCst)
+                        && p.accepted.elapsed() >= CONTROL_EVICT_SILENT_AFTER
+                })
+                .min_by_key(|(_, p)| p.accepted)
+                .map(|(i, _)| i);
+            if let Some(i) = silent {
+                let _ = live.swap_remove(i).conn.shutdown(std::net::Shutdown::Both);
+            }
+        }
+        if live.len() >= MAX_CONTROL_REQUESTS {
             let _ = conn.set_write_timeout(Some(Duration::from_secs(1)));
             let busy = Answer::Failed {
                 code: super::error::EXIT_FAILURE,
@@ -272,17 +297,26 @@ fn accept_loop(
         // A client that connects and says nothing does not hold a thread for long.
         let _ = conn.set_read_timeout(Some(CONTROL_READ_TIMEOUT));
         let store = store.clone();
-        let thread = std::thread::spawn(move || answer(&conn, &store));
+        let received = Arc::new(AtomicBool::new(false));
+        let flag = received.clone();
+        let thread = std::thread::spawn(move || {
+            answer(&conn, &store, &flag);
+            // Closed for the client now, not when the accept loop lets go of its
+            // handle (a copy of this socket).
+            let _ = conn.shutdown(std::net::Shutdown::Both);
+        });
         live.push(Pending {
             thread,
             conn: handle,
+            accepted: std::time::Instant::now(),
+            received,
         });
     }
 }
 
 /// Runs one control request and answers it: what it prints, as it prints it, then
 /// how it ended.
-fn answer(conn: &UnixStream, store: &Store) {
+fn answer(conn: &UnixStream, store: &Store, received: &AtomicBool) {
     let mut reader = std::io::BufReader::new(conn);
     let envelope = match control::read_request(&mut reader) {
         Ok(envelope) => envelope,
@@ -291,6 +325,7 @@ fn answer(conn: &UnixStream, store: &Store) {
             return;
         }
     };
+    received.store(true, Ordering::SeqCst);
     let request = &envelope.request;
     if request.takes_input() {
         // The input comes as fast as the command's producer writes it.

@@ -1297,6 +1297,14 @@ impl Segments {
         Self::close_stream(&mut self.appender(Kind::General));
     }
 
+    /// Ends the active data segment: later appends of data go to a new one, and this
+    /// one, no longer growing, can be deleted once emptied (a drop's blocks may be in
+    /// it).
+    pub(crate) fn seal_data(&self) {
+        assert!(!self.read_only, "seal on a read-only store");
+        Self::close_stream(&mut self.appender(Kind::Data));
+    }
+
     /// Ends whichever stream's active segment `id` is, if either: the cleaner does
     /// this before it moves the live blocks out of a segment that was taking appends.
     pub(crate) fn seal_if_active(&self, id: SegmentId) {
@@ -1461,6 +1469,25 @@ impl Segments {
                 Ok((id, len))
             })
             .collect()
+    }
+
+    /// Cuts an empty segment that must be kept (the one with the highest id) back to
+    /// its header. The caller guarantees nothing reachable lives in it and that no
+    /// append can reach it. Best effort: what stays is dead bytes; a crash may bring
+    /// them back (the cut is not synced), the same.
+    pub(crate) fn cut_to_header(&self, id: SegmentId) {
+        if let Some(file) = self.file(id) {
+            if file.len().is_ok_and(|len| len > SEGMENT_HEADER_SIZE) {
+                let _ = file.set_len(SEGMENT_HEADER_SIZE);
+            }
+        }
+    }
+
+    /// Whether segment `id`'s file holds no more than its header (cut back by
+    /// [`Segments::cut_to_header`], or never written to).
+    pub(crate) fn is_cut(&self, id: SegmentId) -> bool {
+        self.file(id)
+            .is_some_and(|f| f.len().is_ok_and(|len| len <= SEGMENT_HEADER_SIZE))
     }
 
     /// Deletes an empty segment, or keeps its file as a spare (module docs, "Spare

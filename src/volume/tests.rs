@@ -320,9 +320,9 @@ fn branches_of_short_keys_are_capped_in_entries() {
 #[test]
 fn a_snapshot_does_not_wait_for_a_large_writes_data() {
     let sim = crate::io::sim::SimVfs::new();
-    let opts = crate::Options {
+    let opts = crate::options::Options {
         vfs: Some(std::sync::Arc::new(sim.clone())),
-        ..crate::Options::default()
+        ..crate::options::Options::default()
     };
     let store = Store::create_with(std::path::Path::new("/sim"), opts).unwrap();
     let vol = Volume::create(&store, "disk", 4 << 20, BS as u32).unwrap();
