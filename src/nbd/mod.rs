@@ -248,7 +248,10 @@ pub struct ServerOptions {
     /// Connections served at once. Beyond it a new connection takes the place of
     /// the one idle the longest (in its handshake, or waiting for a request with
     /// every one before answered), if one has been idle `evict_idle_after`;
-    /// otherwise it is closed at once. Default 256.
+    /// otherwise it is closed at once. Default: as many idle connections (~2.6 MiB
+    /// each: a thread's allocator arena on a huge page, its buffers) as fit in a
+    /// sixteenth of the memory this process may use, between 16 and 256: 256 from
+    /// about 11 GiB up, 24 at 1 GiB; 256 where the memory is not known.
     pub max_connections: usize,
     /// See `max_connections`. Default 100 ms (a client between two requests of a
     /// busy stream is idle for microseconds).
@@ -281,7 +284,7 @@ pub struct ServerOptions {
 impl Default for ServerOptions {
     fn default() -> ServerOptions {
         ServerOptions {
-            max_connections: 256,
+            max_connections: default_max_connections(),
             evict_idle_after: Duration::from_millis(100),
             handshake_timeout: Duration::from_secs(10),
             max_payload_bytes: 32 << 20,
@@ -290,6 +293,17 @@ impl Default for ServerOptions {
             payload_wait: Duration::from_secs(10),
             stall_timeout: Duration::from_secs(60),
         }
+    }
+}
+
+/// [`ServerOptions::max_connections`]'s default (see there): idle connections may
+/// take about a sixteenth of the memory this process may use.
+fn default_max_connections() -> usize {
+    /// An idle connection's memory, measured (docs/design.md, "The allocator").
+    const PER_CONNECTION: u64 = 2_700 << 10;
+    match crate::options::usable_memory() {
+        0 => 256,
+        memory => usize::try_from((memory / 16 / PER_CONNECTION).clamp(16, 256)).unwrap_or(256),
     }
 }
 
