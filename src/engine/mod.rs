@@ -327,6 +327,13 @@ impl Shared {
             || self.segments.data_since_fence() > self.opts.checkpoint_data_bytes
     }
 
+    /// Whether the data threshold (`Options::checkpoint_data_bytes`) is crossed and the
+    /// log's is not: a checkpoint due for the data appended alone.
+    pub(crate) fn checkpoint_due_for_data_alone(&self) -> bool {
+        self.segments.data_since_fence() > self.opts.checkpoint_data_bytes
+            && self.wal.bytes_since_checkpoint() <= self.opts.checkpoint_wal_bytes
+    }
+
     /// The generation of the durable superblock.
     pub(crate) fn durable_generation(&self) -> u64 {
         self.durable_generation.load(Ordering::Relaxed)
