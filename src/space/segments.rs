@@ -666,7 +666,8 @@ impl Segments {
     /// name, then it is renamed and the directory synced. A crash before the rename
     /// leaves a spare (removed at the next open); after it, an empty segment whose
     /// bytes past the header are dead (appends never continue a file past its end).
-    /// `None` if there is no spare, or if this one fails (it is then removed).
+    /// `None` if there is no spare, or if this one fails (it is then removed, under
+    /// either name, so that the caller can create segment `id` instead).
     fn take_spare(&self, id: SegmentId, kind: Kind) -> Option<(Arc<dyn VFile>, u64)> {
         let (spare, len) = {
             let mut spares = lock(&self.spares);
@@ -690,9 +691,10 @@ impl Segments {
         match reused {
             Ok(file) => Some((file, len)),
             Err(_) => {
-                // Its space back, and a new file instead. (If the rename happened but
-                // not the reopen, the segment is an empty one a checkpoint deletes.)
+                // Its space back, and a new file instead, under the same name if the
+                // rename happened (nothing is in it yet).
                 let _ = self.vfs.remove(&spare);
+                let _ = self.vfs.remove(&name);
                 None
             }
         }

@@ -793,3 +793,48 @@ fn emptied_segments_become_spares_and_the_data_stream_reuses_them() {
     assert_eq!(segments.spare_count(), 0);
     assert!(sim.names().iter().all(|n| !is_spare_name(n)));
 }
+
+/// A spare that fails to become a segment (here: the directory sync after its rename)
+/// is removed under both names, and the segment is created new under its id instead.
+#[test]
+fn a_spare_that_fails_to_become_a_segment_gives_way_to_a_new_file() {
+    let sim = SimVfs::new();
+    let segments = Segments::open(Arc::new(sim.clone()), false).unwrap();
+    segments.set_spare_limit(2);
+    let mut chunk = AlignedBuf::default();
+    chunk.extend_from_slice(&vec![3u8; 4 << 20]);
+    let first = segments
+        .append_value(chunk.as_slice())
+        .unwrap()
+        .addr
+        .segment();
+    while segments
+        .append_value(chunk.as_slice())
+        .unwrap()
+        .addr
+        .segment()
+        == first
+    {}
+    segments.append(b"node").unwrap();
+    segments.sync().unwrap();
+    segments.delete(first).unwrap();
+    assert_eq!(segments.spare_count(), 1);
+    while segments.appender(Kind::Data).end < SEGMENT_TARGET_BYTES / 4 * 3 {
+        segments.append_value(chunk.as_slice()).unwrap();
+    }
+    // The spare's header write, its sync and its rename go through; the directory
+    // sync fails.
+    sim.set_fail_once_after(Some(3));
+    segments.prepare_data_segment().unwrap();
+    let prepared = lock(&segments.prepared_id).expect("prepared");
+    assert_eq!(
+        sim.file_len(&name(prepared.0)),
+        Some(HEADER_LEN as u64),
+        "a new file"
+    );
+    assert_eq!(segments.spare_count(), 0);
+    assert!(
+        sim.names().iter().all(|n| !is_spare_name(n)),
+        "the spare removed"
+    );
+}
