@@ -139,7 +139,6 @@ pub(crate) fn clean(
     // Asked for, the space it frees is given back, not kept as spare files.
     if shared.segments.spare_count() > 0 {
         shared.segments.discard_spares()?;
-        shared.vfs.sync_dir()?;
         report.footprint_after = footprint(shared)?;
     }
     Ok(report)
@@ -342,7 +341,6 @@ pub(crate) fn shrink(shared: &Shared, progress: &mut dyn FnMut(u64, u64)) -> Res
     settle_deletions(shared)?;
     // The footprint drops to the live data: no spare files kept either.
     shared.segments.discard_spares()?;
-    shared.vfs.sync_dir()?;
     report.footprint_after = footprint(shared)?;
     Ok(report)
 }

@@ -377,7 +377,6 @@ impl Store {
         }
         // The space is the user's, not the next segments' to reuse.
         self.shared.segments.discard_spares()?;
-        self.shared.vfs.sync_dir()?;
         drop(allowed);
         self.restore_reserve();
         Ok(())
@@ -563,9 +562,7 @@ fn shutdown(shared: &Shared, reserve: &Reserve) -> Result<()> {
     // What `versions()` learnt, for the next process (a hint; failure is harmless).
     let _ = subtree_memo::save(shared);
     // Spare files serve this process's writes only; an open removes any left.
-    if shared.segments.discard_spares().is_ok() {
-        let _ = shared.vfs.sync_dir();
-    }
+    let _ = shared.segments.discard_spares();
     // Space freed by this session comes back as the reserve first. Best effort: a
     // disk still full leaves it for a later close.
     let segment_bytes = shared

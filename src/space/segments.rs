@@ -654,7 +654,6 @@ impl Segments {
                 // The file may have been made before the disk filled: nothing is in it.
                 let _ = self.vfs.remove(&id.file_name());
                 self.discard_spares()?;
-                self.vfs.sync_dir()?;
                 Ok((self.create_segment(id, kind)?, SEGMENT_HEADER_SIZE))
             }
             other => Ok((other?, SEGMENT_HEADER_SIZE)),
@@ -705,13 +704,20 @@ impl Segments {
         self.spare_limit.store(files, Ordering::Relaxed);
     }
 
-    /// Removes every spare file (a close, a shrink: the store's footprint is then its
-    /// segments). The caller syncs the directory.
+    /// Removes every spare file, durably (a close, a shrink: the store's footprint is
+    /// then its segments). Tries them all; the first error, if any (a spare left is
+    /// removed by the next open).
     pub(crate) fn discard_spares(&self) -> Result<()> {
         let spares = std::mem::take(&mut *lock(&self.spares));
-        for (name, _) in spares {
-            self.vfs.remove(&name)?;
+        if spares.is_empty() {
+            return Ok(());
         }
+        let removed: std::io::Result<()> = spares
+            .iter()
+            .map(|(name, _)| self.vfs.remove(name))
+            .fold(Ok(()), Result::and);
+        removed?;
+        self.vfs.sync_dir()?;
         Ok(())
     }
 
