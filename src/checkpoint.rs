@@ -496,7 +496,9 @@ pub(crate) fn write_levels(
     for level in levels {
         write_level(shared, level, written)?;
     }
-    let mut edges = Vec::new();
+    // A node has at most one child per entry; sized up front, as a GiB of volume
+    // writes gives a quarter of a million edges (see `BackrefStore::checkpoint`).
+    let mut edges = Vec::with_capacity(levels.iter().flatten().map(|n| n.len()).sum());
     for node in levels.iter().flatten() {
         let r = node
             .disk

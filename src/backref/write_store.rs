@@ -201,6 +201,12 @@ impl WriteStore {
         Merged::new(self.entries.range(lo..=hi), written, 0)
     }
 
+    /// At least as many as [`WriteStore::records`] yields (a record in both the map
+    /// and the bulk edges may merge into one, or cancel).
+    pub(crate) fn records_bound(&self) -> usize {
+        self.entries.len() + self.written.len()
+    }
+
     /// Every record in key order, stamped with `gen`.
     pub(crate) fn records(&self, gen: u64) -> impl Iterator<Item = Record> + '_ {
         Merged::new(self.entries.iter(), &self.written, gen)
