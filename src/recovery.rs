@@ -7,7 +7,9 @@
 //! generation from the superblock's `wal_gen` on, in order, each up to its torn tail
 //! (or up to a record whose value extents did not reach the disk: [`replay_wal`]),
 //! through the same write kernel as live commits (`engine::apply_record`). New commits
-//! go to a fresh generation (a torn file is never appended to).
+//! go to a fresh generation (a torn file is never appended to). A value extent a
+//! replayed record names that its segment lost but a group commit logged in the WAL
+//! (a values record) is put back first ([`LoggedValues`]).
 //!
 //! A writable open then fsyncs every log and segment file it read (what recovery read
 //! may sit only in the OS cache after a process crash: nothing must be built on records
@@ -518,6 +520,7 @@ fn replay_wal(
         .map(|g| g.synced_through)
         .chain(published)
         .fold(w.last_lsn, Lsn::max);
+    let logged_values = LoggedValues::read(&generations)?;
     let mut next_gen = sb.wal_gen;
     let mut bytes = 0;
     let mut files = Vec::new();
@@ -530,6 +533,7 @@ fn replay_wal(
                 break;
             }
             let record = logged.record()?;
+            logged_values.restore(loader.segments, &record)?;
             if logged.lsn > acknowledged && !extents_durable(loader.segments, &record)? {
                 bytes += logged.offset;
                 cut = Some(Cut {
@@ -551,6 +555,74 @@ fn replay_wal(
         files,
         cut,
     })
+}
+
+/// The value bytes group commits logged in place of syncing their data segment
+/// (`wal::Wal::sync_to`, the values records of every generation read), by where
+/// they were written: a record acknowledged through such a group may name an extent
+/// whose segment lost it in a power failure, and recovery puts it back from here
+/// before replaying the record.
+struct LoggedValues<'g> {
+    /// Each logged write's bytes, by its first byte's address.
+    writes: std::collections::BTreeMap<crate::format::Addr, &'g [u8]>,
+}
+
+impl<'g> LoggedValues<'g> {
+    fn read(generations: &'g [wal::Generation]) -> Result<LoggedValues<'g>> {
+        let mut writes = std::collections::BTreeMap::new();
+        for logged in generations.iter().flat_map(|g| &g.values) {
+            let entries = wal::decode_values(&logged.payload).map_err(|e| match e {
+                Error::Corrupted { what, detail } => Error::Corrupted {
+                    what,
+                    detail: format!("values record after LSN {}: {detail}", logged.lsn.0),
+                },
+                e => e,
+            })?;
+            writes.extend(entries);
+        }
+        Ok(LoggedValues { writes })
+    }
+
+    /// The logged bytes of `extent`, if a logged write holds them whole and they
+    /// match its checksum.
+    fn find(&self, extent: BlockRef) -> Option<&'g [u8]> {
+        let (start, bytes) = self.writes.range(..=extent.addr).next_back()?;
+        if start.segment() != extent.addr.segment() {
+            return None;
+        }
+        let from = usize::try_from(extent.addr.offset() - start.offset()).ok()?;
+        let found = bytes.get(from..from.checked_add(extent.len as usize)?)?;
+        (crate::format::crc(found) == extent.crc).then_some(found)
+    }
+
+    /// Puts back every value extent `record` names that its segment does not hold
+    /// whole but the log does ([`Segments::restore`]). An extent in a segment that
+    /// is not there is left to [`extents_durable`] (or to the read) to report.
+    fn restore(&self, segments: &Segments, record: &wal::Record<'_>) -> Result<()> {
+        let wal::Record::Batch(batch) = record else {
+            return Ok(());
+        };
+        if self.writes.is_empty() {
+            return Ok(());
+        }
+        for op in batch.ops() {
+            let wal::Op::PutExtent { extent, .. } = op? else {
+                continue;
+            };
+            let Some(bytes) = self.find(extent) else {
+                continue;
+            };
+            if !segments.contains(extent.addr.segment()) {
+                continue;
+            }
+            match segments.read(extent, "value extent") {
+                Ok(_) => {}
+                Err(e) if e.is_corruption() => segments.restore(extent, bytes)?,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Whether every value extent `record` names reads back with its checksum. An

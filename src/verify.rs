@@ -429,7 +429,7 @@ fn check_backrefs(walker: &mut Walker<'_>, stored: Result<Vec<Edge>>) {
 }
 
 /// Checks every WAL record past the checkpoint: framing, checksum, LSN continuity
-/// across generations, and payload structure.
+/// across generations, and payload structure (values records' too).
 fn check_wal(walker: &mut Walker<'_>, generations: Vec<Result<wal::Generation>>) {
     for generation in generations {
         let generation = match generation {
@@ -450,6 +450,15 @@ fn check_wal(walker: &mut Walker<'_>, generations: Vec<Result<wal::Generation>>)
                 )),
                 Ok(_) => {}
                 Err(e) => walker.problem(format!("{name}: {e}")),
+            }
+        }
+        for logged in &generation.values {
+            if let Err(e) = wal::decode_values(&logged.payload) {
+                let name = wal::file_name(generation.gen);
+                walker.problem(format!(
+                    "{name}: values record after LSN {}: {e}",
+                    logged.lsn.0
+                ));
             }
         }
     }

@@ -550,7 +550,10 @@ fn replayed_unsynced_wal_survives_power_loss() {
 /// power is cut; the case the test is about is counted and must occur.
 #[test]
 fn a_record_whose_extent_was_lost_is_not_replayed() {
-    let big = vec![0xB1u8; 20_000];
+    // Past what a group commit logs in the WAL in place of syncing the data
+    // segment (`LOG_VALUES_MAX`, 256 KiB): a value that small goes into the same
+    // write as its record, and this case cannot arise.
+    let big = vec![0xB1u8; 300_000];
     let marker = b"extent-marker-key";
     let probe = SimVfs::new();
     let store = create_sim(&probe);
@@ -690,7 +693,7 @@ fn records_written_out_between_syncs_recover_as_a_prefix() {
 }
 
 /// Zeros ahead of the data stream (`Options::data_zeros_ahead`, off by default): a
-/// stream of small durable commits fills a data segment past the point where the
+/// stream of small commits, synced every few hundred KiB, fills a data segment past the point where the
 /// next one is zeroed ahead, then rolls into it and appends over its zeros. Power is
 /// cut (seed-chosen loss and tearing of unsynced writes) at several moments: while
 /// zeros are written, around the roll, and over the zeros. Every commit acknowledged
@@ -717,12 +720,21 @@ fn zeros_ahead_of_the_data_stream_survive_power_loss() {
         SEGMENT + (1 << 20),
         SEGMENT + (3 << 20),
     ];
-    let total = cuts[cuts.len() - 1] / VALUE + 1;
+    let total = (cuts[cuts.len() - 1] / VALUE + 1).next_multiple_of(256);
     let mut next_cut = 0;
     let mut zeroed_ahead = 0;
     for i in 0..total {
-        store.put(&key(i), &value(i)).expect("put");
-        if next_cut < cuts.len() && (i + 1) * VALUE >= cuts[next_cut] {
+        // Synced every 256 commits (384 KiB): more than a group commit logs in the
+        // WAL in place of syncing the data segment, and less than the 1 MiB gap
+        // past which zeros ahead stop. The cuts come right after a sync.
+        let mut txn = store.begin_write().expect("begin");
+        txn.set_durability(Durability::Deferred);
+        txn.put(&key(i), &value(i)).expect("put");
+        txn.commit().expect("commit");
+        if (i + 1) % 256 == 0 {
+            store.sync().expect("sync");
+        }
+        if next_cut < cuts.len() && (i + 1) * VALUE >= cuts[next_cut] && (i + 1) % 256 == 0 {
             let seed = next_cut as u64;
             let label = format!("cut {next_cut} after {} commits", i + 1);
             next_cut += 1;

@@ -17,7 +17,8 @@
 mod segments;
 
 pub(crate) use segments::{
-    checksum_refs, AppendFence, Pin, Segments, SEGMENT_HEADER_SIZE, SEGMENT_TARGET_BYTES,
+    checksum_refs, AppendFence, Pin, Segments, UnsyncedValues, ValuesPlan, ValuesSync,
+    SEGMENT_HEADER_SIZE, SEGMENT_TARGET_BYTES,
 };
 
 use crate::format::{BlockRef, SegmentId};

@@ -161,6 +161,13 @@ struct Appender {
 /// the bandwidth) would only pay for writing them.
 const ZEROS_SYNC_GAP: u64 = 1 << 20;
 
+/// A group commit logs the unsynced value bytes its records depend on in the WAL,
+/// in place of an fsync of their data segment, when they are this many bytes or
+/// fewer and were written through the page cache ([`Segments::plan_values_sync`]):
+/// one write and one fsync per group instead of two of each. A volume flushed every
+/// 16 writes of 4 KiB syncs 64 KiB at a time.
+pub(crate) const LOG_VALUES_MAX: usize = 256 << 10;
+
 /// A segment file shorter than this is deleted, never kept as a spare: too little of
 /// it would be overwritten to be worth a rename.
 const SPARE_MIN_BYTES: u64 = SEGMENT_TARGET_BYTES / 2;
@@ -252,7 +259,6 @@ fn is_laid_out(run: &[u8], values: &[&[u8]]) -> bool {
 }
 
 /// What is waiting for an fsync.
-#[derive(Default)]
 struct Unsynced {
     /// Segments written since their last sync.
     all: BTreeSet<SegmentId>,
@@ -262,6 +268,59 @@ struct Unsynced {
     /// on, not the nodes a background checkpoint is writing meanwhile. Only the
     /// WAL's (serialised) group-commit sync clears it.
     values: BTreeSet<SegmentId>,
+    /// The writes behind `values`, while they are few and small enough to be logged
+    /// ([`LOG_VALUES_MAX`]); `None` once they are not (a direct write, or too many
+    /// bytes), until the next sync of `values`.
+    ranges: Option<Vec<UnsyncedValues>>,
+    /// Bytes in `ranges`.
+    range_bytes: usize,
+}
+
+impl Default for Unsynced {
+    fn default() -> Unsynced {
+        Unsynced {
+            all: BTreeSet::new(),
+            values: BTreeSet::new(),
+            ranges: Some(Vec::new()),
+            range_bytes: 0,
+        }
+    }
+}
+
+impl Unsynced {
+    /// After every value write so far is taken to be made durable.
+    fn values_taken(&mut self) -> BTreeSet<SegmentId> {
+        self.ranges = Some(Vec::new());
+        self.range_bytes = 0;
+        std::mem::take(&mut self.values)
+    }
+}
+
+/// One write of value extents to a data segment, not yet synced: `len` bytes at
+/// `addr`, readable from `file` (an open file: still readable after its segment
+/// is deleted).
+pub(crate) struct UnsyncedValues {
+    pub addr: Addr,
+    pub len: usize,
+    file: Arc<dyn VFile>,
+}
+
+impl UnsyncedValues {
+    /// Its bytes, read back (from the page cache: they were written through it).
+    pub(crate) fn read(&self) -> std::io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; self.len];
+        self.file.read_exact_at(&mut buf, self.addr.offset())?;
+        Ok(buf)
+    }
+}
+
+/// How a group commit makes the value extents its records name durable
+/// ([`Segments::plan_values_sync`]).
+pub(crate) enum ValuesPlan {
+    /// Log these writes' bytes in the WAL, in the group's own write.
+    Log(Vec<UnsyncedValues>),
+    /// Fsync these segments ([`Segments::start_sync_of`]).
+    Sync(BTreeSet<SegmentId>),
 }
 
 /// The segments appends may still reach, taken at a checkpoint's freeze: the two
@@ -360,6 +419,10 @@ pub(crate) struct Segments {
     pins: Mutex<BTreeMap<SegmentId, u32>>,
     /// Syncs value extents while the WAL syncs the records that name them.
     sync_helper: SyncHelper,
+    /// A read-only open's copies of value extents that only the WAL holds (logged by
+    /// a group commit whose process died before its segment was synced:
+    /// [`Segments::restore`]), by address; read in place of the segment's bytes.
+    restored: RwLock<BTreeMap<Addr, Vec<u8>>>,
     /// Emptied segment files kept to become data segments again (module docs,
     /// "Spare files"), oldest first, with their lengths; at most `spare_limit`.
     spares: Mutex<Vec<(String, u64)>>,
@@ -486,6 +549,7 @@ impl Segments {
             sync_failed: std::sync::OnceLock::new(),
             pins: Mutex::new(BTreeMap::new()),
             sync_helper,
+            restored: RwLock::new(BTreeMap::new()),
             spares: Mutex::new(Vec::new()),
             spare_limit: AtomicU64::new(0),
             data_since_fence: AtomicU64::new(0),
@@ -1071,23 +1135,41 @@ impl Segments {
             payload,
             ..
         } = staged;
-        match payload {
-            Payload::One(bytes) if direct => file.write_direct_at(bytes, at)?,
-            Payload::One(bytes) => file.write_all_at(bytes, at)?,
+        let len = match payload {
+            Payload::One(bytes) if direct => {
+                file.write_direct_at(bytes, at)?;
+                bytes.len()
+            }
+            Payload::One(bytes) => {
+                file.write_all_at(bytes, at)?;
+                bytes.len()
+            }
             Payload::Laid(buf) => {
                 if direct {
                     file.write_direct_at(buf.as_slice(), at)?;
                 } else {
                     file.write_all_at(buf.as_slice(), at)?;
                 }
+                let len = buf.as_slice().len();
                 self.appender(Kind::Data).scratch = buf;
+                len
             }
-        }
+        };
         // After the write: a sync that takes the set before this insert did not
         // cover these extents, and the next one will.
         let mut unsynced = lock(&self.unsynced);
         unsynced.all.insert(segment);
         unsynced.values.insert(segment);
+        let loggable = !direct && unsynced.range_bytes + len <= LOG_VALUES_MAX;
+        match &mut unsynced.ranges {
+            Some(ranges) if loggable => ranges.push(UnsyncedValues {
+                addr: Addr::new(segment, at),
+                len,
+                file,
+            }),
+            _ => unsynced.ranges = None,
+        }
+        unsynced.range_bytes += len;
         Ok(())
     }
 
@@ -1109,14 +1191,56 @@ impl Segments {
 
     /// Reads a block and checks its checksum.
     pub(crate) fn read(&self, r: BlockRef, what: &'static str) -> Result<Vec<u8>> {
-        let buf = self.read_span(r.addr, r.len, what)?;
-        if crc(&buf) != r.crc {
-            return Err(Error::corrupted(
-                what,
-                format!("checksum mismatch at {:?} ({} bytes)", r.addr, r.len),
-            ));
+        let read = self.read_span(r.addr, r.len, what).and_then(|buf| {
+            if crc(&buf) != r.crc {
+                return Err(Error::corrupted(
+                    what,
+                    format!("checksum mismatch at {:?} ({} bytes)", r.addr, r.len),
+                ));
+            }
+            Ok(buf)
+        });
+        match read {
+            Err(e) if e.is_corruption() => self.restored_copy(r).ok_or(e),
+            read => read,
         }
-        Ok(buf)
+    }
+
+    /// A copy of extent `r` that [`Segments::restore`] kept, if it has one.
+    fn restored_copy(&self, r: BlockRef) -> Option<Vec<u8>> {
+        let restored = self
+            .restored
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        restored
+            .get(&r.addr)
+            .filter(|b| b.len() == r.len as usize && crc(b) == r.crc)
+            .cloned()
+    }
+
+    /// Puts back value extent `r`, whose bytes (checked against it by the caller)
+    /// recovery found logged in the WAL but not in its segment: written into the
+    /// segment (the open that recovers syncs every segment before it logs anything,
+    /// and the WAL holding the bytes is deleted only after a checkpoint synced them
+    /// again), or, on a read-only open, which must not write, kept in memory and read
+    /// in their place.
+    pub(crate) fn restore(&self, r: BlockRef, bytes: &[u8]) -> Result<()> {
+        if self.read_only {
+            self.restored
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(r.addr, bytes.to_vec());
+            return Ok(());
+        }
+        let file = self.file(r.addr.segment()).ok_or_else(|| {
+            Error::corrupted(
+                "value extent",
+                format!("{:?} points into missing segment", r.addr),
+            )
+        })?;
+        file.write_all_at(bytes, r.addr.offset())?;
+        lock(&self.unsynced).all.insert(r.addr.segment());
+        Ok(())
     }
 
     /// Reads `len` bytes at `addr` without a checksum to check them against: for a
@@ -1236,11 +1360,34 @@ impl Segments {
     /// once both are, and recovery checks the extents of the records it cannot tell
     /// were acknowledged (`recovery`'s replay). Callers are serialised by the WAL.
     pub(crate) fn start_sync_values(&self) -> ValuesSync<'_> {
+        let ids = lock(&self.unsynced).values_taken();
+        self.start_sync_of(&ids)
+    }
+
+    /// How the next group commit makes every value extent written so far durable,
+    /// which it takes on (callers are serialised by the WAL): their bytes logged in
+    /// the WAL if they are few ([`LOG_VALUES_MAX`]) and in the page cache, else an
+    /// fsync of their segments. A logged write's segment stays in the set the next
+    /// checkpoint syncs ([`Segments::sync`]), which it does before the log that
+    /// holds the bytes may be deleted.
+    pub(crate) fn plan_values_sync(&self) -> ValuesPlan {
+        let mut unsynced = lock(&self.unsynced);
+        match unsynced.ranges.take() {
+            Some(ranges) => {
+                unsynced.values_taken();
+                ValuesPlan::Log(ranges)
+            }
+            None => ValuesPlan::Sync(unsynced.values_taken()),
+        }
+    }
+
+    /// Starts fsyncing the data segments `ids` (a [`ValuesPlan::Sync`]), as
+    /// [`Segments::start_sync_values`] does.
+    pub(crate) fn start_sync_of(&self, ids: &BTreeSet<SegmentId>) -> ValuesSync<'_> {
         let appended = self.since_sync.swap(0, Ordering::Relaxed);
         if appended > 0 {
             self.sync_gap.store(appended, Ordering::Relaxed);
         }
-        let ids = std::mem::take(&mut lock(&self.unsynced).values);
         let files = ids.iter().filter_map(|id| self.file(*id)).collect();
         ValuesSync {
             segments: self,
@@ -1516,6 +1663,10 @@ impl Segments {
             let mut unsynced = lock(&self.unsynced);
             unsynced.all.remove(&id);
             unsynced.values.remove(&id);
+            // Its extents are dead: no record can need them logged.
+            if let Some(ranges) = &mut unsynced.ranges {
+                ranges.retain(|r| r.addr.segment() != id);
+            }
         }
         let name = id.file_name();
         if let Some(len) = file.and_then(|f| f.len().ok()) {

@@ -117,6 +117,10 @@ pub(crate) struct Generation {
     /// Records after the checkpoint's LSN, contiguous, continuing the previous
     /// generation's.
     pub records: Vec<LoggedRecord>,
+    /// Its values records (value bytes a group commit logged in place of syncing
+    /// their segment; `wal::payload::encode_values`), every one in the file: one
+    /// from before the checkpoint may hold extents later records name.
+    pub values: Vec<LoggedRecord>,
     /// Bytes of valid records in the file.
     pub valid_bytes: u64,
     /// The newest `synced_lsn` any valid record of the file carries (those before
@@ -167,8 +171,18 @@ impl<'v> Generations<'v> {
             .map(|r| r.header.synced_lsn)
             .max()
             .unwrap_or(Lsn(0));
+        let mut values = Vec::new();
         for read in log.records {
             let lsn = read.header.lsn;
+            if read.header.kind == super::payload::KIND_VALUES {
+                values.push(LoggedRecord {
+                    lsn,
+                    kind: read.header.kind,
+                    payload: read.payload,
+                    offset: read.offset,
+                });
+                continue;
+            }
             if lsn <= self.last {
                 continue; // already in the checkpoint
             }
@@ -199,6 +213,7 @@ impl<'v> Generations<'v> {
             gen,
             file,
             records,
+            values,
             valid_bytes: log.valid_bytes,
             synced_through,
             torn_tail: log.torn_tail,

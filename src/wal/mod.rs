@@ -33,20 +33,27 @@ mod record;
 pub(crate) use files::{
     file_name, generations, remove_below, spare_bytes, Generation, Generations, SPARE_FILE,
 };
-pub(crate) use payload::{BatchWriter, Op, Record, VersionOp};
+pub(crate) use payload::{decode_values, BatchWriter, Op, Record, VersionOp};
 
 use crate::error::{Error, Result};
 use crate::format::Lsn;
 use crate::io::{StoreLock, VFile, Vfs};
-use crate::space::Segments;
+use crate::space::{Segments, UnsyncedValues, ValuesPlan, ValuesSync};
 use crate::sync::lock;
-use record::RecordHeader;
+use record::{RecordHeader, RECORD_HEADER_SIZE};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// A new log file (when no spare exists) is filled with this many zero bytes first,
 /// so that commits overwrite blocks the file already owns (see [`SPARE_FILE`]). Zeros
 /// read as the end of the log (a record is at least a batch header long).
 pub(crate) const PREALLOC_BYTES: usize = 4 << 20;
+
+/// A log file is kept written (with zeros) at least this far past its last record,
+/// in steps of this size: a group commit then overwrites blocks the file already
+/// has, and its fdatasync commits no file-system metadata. A group that logs value
+/// bytes writes tens of KiB, so without it nearly every fsync would also grow the
+/// file (a journal commit on ext4: measured 0.20 against 0.11 ms per fdatasync).
+const ZEROS_AHEAD_BYTES: u64 = 16 << 20;
 
 /// Buffered records past this many bytes are written out by a committer that does not
 /// sync ([`Wal::write_out`]).
@@ -104,6 +111,37 @@ impl Outgoing {
             buf,
         }
     }
+}
+
+/// Writes zeros past the end of `file` if a write up to `end` would grow it (see
+/// [`ZEROS_AHEAD_BYTES`]). A full disk leaves the file to grow with its records.
+fn zeros_ahead(file: &dyn VFile, end: u64) -> Result<()> {
+    let len = file.len()?;
+    if end <= len {
+        return Ok(());
+    }
+    let to = (end + ZEROS_AHEAD_BYTES).next_multiple_of(1 << 20);
+    let zeros = vec![0u8; 1 << 20];
+    let mut at = len;
+    while at < to {
+        let n = (to - at).min(zeros.len() as u64);
+        match file.write_all_at(&zeros[..n as usize], at) {
+            Err(e) if e.kind() == std::io::ErrorKind::StorageFull => return Ok(()),
+            other => other?,
+        }
+        at += n;
+    }
+    Ok(())
+}
+
+/// How a group commit makes the value extents its records name durable (see
+/// [`Segments::plan_values_sync`]).
+enum Values {
+    Nothing,
+    /// Their bytes go into the group's write, as a values record with this header.
+    Log(Vec<UnsyncedValues>, RecordHeader),
+    /// Their segments are fsynced beside it.
+    Sync(std::collections::BTreeSet<crate::format::SegmentId>),
 }
 
 /// The unwritten tail of a rotated generation.
@@ -224,16 +262,37 @@ impl Wal {
             st.sync_in_flight = true;
             let target = st.last_lsn;
             let rotated = std::mem::take(&mut st.rotated);
-            let out = Outgoing::take(&mut st);
+            let mut out = Outgoing::take(&mut st);
             let gen = out.gen;
+            // Value extents written through the page cache, if few, go into this
+            // group's write as a values record (room reserved for it here) instead
+            // of being fsynced beside it: one write and one fsync for the group.
+            let values = match segments.plan_values_sync() {
+                ValuesPlan::Log(ranges) if ranges.is_empty() => Values::Nothing,
+                ValuesPlan::Log(ranges) => {
+                    let len = (RECORD_HEADER_SIZE
+                        + payload::values_payload_len(ranges.iter().map(|r| r.len)))
+                        as u64;
+                    st.file_end += len;
+                    st.bytes_since_checkpoint += len;
+                    st.gen_bytes += len;
+                    let header = RecordHeader {
+                        lsn: target,
+                        synced_lsn: st.synced_lsn,
+                        kind: payload::KIND_VALUES,
+                    };
+                    Values::Log(ranges, header)
+                }
+                ValuesPlan::Sync(ids) => Values::Sync(ids),
+            };
             // The leader does its I/O without the lock, so others keep appending
             // (their records form the next group). That includes making the
             // generation's file at its first write (a rename and a directory sync, or
             // 4 MiB of zeros): every committer would otherwise wait for it.
             drop(st);
-            let result = self
-                .file_of(&out)
-                .and_then(|file| self.write_and_sync(&*file, out.at, &out.buf, segments, rotated));
+            let result = self.file_of(&out).and_then(|file| {
+                self.write_and_sync(&*file, out.at, &mut out.buf, gen, segments, rotated, values)
+            });
             st = self.lock();
             st.sync_in_flight = false;
             // Published before any committer waiting on this sync returns: a reader in
@@ -253,30 +312,52 @@ impl Wal {
         }
     }
 
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the one call site hands over what it took under the lock"
+    )]
     fn write_and_sync(
         &self,
         file: &dyn VFile,
         at: u64,
-        buf: &[u8],
+        buf: &mut Vec<u8>,
+        gen: u64,
         segments: &Segments,
         rotated: Vec<Rotated>,
+        values: Values,
     ) -> Result<()> {
         // Only the value extents records may name (checkpoint writes in flight are the
-        // checkpoint's to sync), overlapped with the records' own write and sync: the
-        // group is acknowledged once both are durable, and recovery drops a record
-        // whose extents did not make it (no record after it can say it was synced).
-        let values = segments.start_sync_values();
+        // checkpoint's to sync): logged at the end of the group's write, or synced
+        // beside it, and then the group is acknowledged once both are durable, and
+        // recovery drops a record whose extents did not make it (no record after it
+        // can say it was synced).
+        let values = match values {
+            Values::Nothing => None,
+            Values::Sync(ids) => Some(segments.start_sync_of(&ids)),
+            Values::Log(ranges, header) => {
+                let entries = ranges
+                    .iter()
+                    .map(|r| Ok((r.addr, r.read()?)))
+                    .collect::<std::io::Result<Vec<_>>>()?;
+                let mut payload =
+                    Vec::with_capacity(payload::values_payload_len(ranges.iter().map(|r| r.len)));
+                payload::encode_values(&mut payload, &entries);
+                record::encode(buf, gen, header, &payload);
+                None
+            }
+        };
         let records = (|| {
             // Earlier generations first: no record of this one may be durable while
             // one of theirs is not (replay reads them in order and stops at a gap).
             self.write_rotated(rotated)?;
             if !buf.is_empty() {
+                zeros_ahead(file, at + buf.len() as u64)?;
                 file.write_all_at(buf, at)?;
             }
             file.sync()?;
             Ok(())
         })();
-        let values = values.finish();
+        let values = values.map_or(Ok(()), ValuesSync::finish);
         records.and(values)
     }
 

@@ -11,7 +11,12 @@
 //!                            | (create: source u32 | snapshot u8 | created_unix_ms u64
 //!                                       | created_checkpoint u64 | name_len u16 | name)
 //! kind 4, relocation:        blocks u64
+//! kind 5, values:            count u32 | 0 u32 | count × (addr u64 | len u32 | bytes[len])
 //! ```
+//! A values record is not a [`Record`]: it carries no LSN of its own (its header
+//! repeats the LSN of the record before it) and changes no version; it holds value
+//! bytes a group commit logged in place of syncing their data segment
+//! ([`encode_values`]).
 //! Decoding validates the whole payload up front, so a record that decodes can be
 //! applied without meeting a malformed operation half-way.
 
@@ -19,7 +24,7 @@
 #![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 
 use crate::error::Result;
-use crate::format::{len_u16, len_u32, put_u16, put_u32, put_u64, put_u8, BlockRef, Decoder};
+use crate::format::{len_u16, len_u32, put_u16, put_u32, put_u64, put_u8, Addr, BlockRef, Decoder};
 use crate::limits::MAX_KEY_LEN;
 use std::borrow::Cow;
 
@@ -27,6 +32,8 @@ const KIND_BATCH: u8 = 1;
 const KIND_CHECKPOINT_COMMIT: u8 = 2;
 const KIND_VERSION: u8 = 3;
 const KIND_RELOCATION: u8 = 4;
+/// The kind byte of a values record ([`encode_values`]).
+pub(crate) const KIND_VALUES: u8 = 5;
 
 const OP_PUT_INLINE: u8 = 1;
 const OP_PUT_EXTENT: u8 = 2;
@@ -110,6 +117,46 @@ impl<'a> Record<'a> {
             )),
         }
     }
+}
+
+/// The payload of a values record of `entries` byte lengths.
+pub(crate) fn values_payload_len(entries: impl Iterator<Item = usize>) -> usize {
+    8 + entries.map(|len| 12 + len).sum::<usize>()
+}
+
+/// Encodes a values record's payload: each entry is bytes written at an address of
+/// a data segment that no fsync has made durable yet (a group commit logs them so
+/// that one fsync of the log covers them; recovery puts back those its records
+/// need). Each entry's length fits a `u32` (it is one write of value extents).
+pub(crate) fn encode_values(out: &mut Vec<u8>, entries: &[(Addr, Vec<u8>)]) {
+    put_u32(out, len_u32(entries.len()));
+    put_u32(out, 0);
+    for (addr, bytes) in entries {
+        put_u64(out, addr.0);
+        put_u32(out, len_u32(bytes.len()));
+        out.extend_from_slice(bytes);
+    }
+}
+
+/// Decodes a values record's payload into its entries, validating all of it.
+pub(crate) fn decode_values(payload: &[u8]) -> Result<Vec<(Addr, &[u8])>> {
+    let mut d = Decoder::new(payload, "wal");
+    let count = d.u32()?;
+    if d.u32()? != 0 {
+        return Err(d.error("values record: reserved field not zero"));
+    }
+    // Each entry takes at least 12 bytes: a count beyond that is damage, and must
+    // not size an allocation.
+    let mut entries = Vec::with_capacity((count as usize).min(d.remaining() / 12));
+    for _ in 0..count {
+        let addr = Addr(d.u64()?);
+        let len = d.u32()?;
+        entries.push((addr, d.bytes(len as usize)?));
+    }
+    if d.remaining() != 0 {
+        return Err(d.error("trailing bytes in values record"));
+    }
+    Ok(entries)
 }
 
 /// A payload that is one `u64` and nothing else.
@@ -379,6 +426,35 @@ mod tests {
 
     fn encoded(r: &Record<'_>) -> (u8, Vec<u8>) {
         (r.kind(), r.payload().into_owned())
+    }
+
+    #[test]
+    fn values_round_trip_and_every_truncation_is_an_error() {
+        let entries = vec![
+            (Addr::new(SegmentId(3), 4096), vec![7u8; 4096]),
+            (Addr::new(SegmentId(4), 32), vec![1, 2, 3]),
+        ];
+        let mut payload = Vec::new();
+        encode_values(&mut payload, &entries);
+        assert_eq!(
+            payload.len(),
+            values_payload_len(entries.iter().map(|(_, b)| b.len()))
+        );
+        let decoded = decode_values(&payload).unwrap();
+        let want: Vec<(Addr, &[u8])> = entries.iter().map(|(a, b)| (*a, &b[..])).collect();
+        assert_eq!(decoded, want);
+        for cut in 0..payload.len() {
+            assert!(decode_values(&payload[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut longer = payload.clone();
+        longer.push(0);
+        assert!(decode_values(&longer).is_err(), "trailing byte");
+        // A count far past what the bytes hold is an error, not an allocation.
+        let mut huge = payload.clone();
+        huge[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode_values(&huge).is_err());
+        // And a record of this kind is not a `Record`.
+        assert!(Record::decode(KIND_VALUES, &payload).is_err());
     }
 
     #[test]

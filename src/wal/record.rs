@@ -156,9 +156,17 @@ pub(crate) fn read_log(file: &dyn VFile, gen: u64, next_lsn: Lsn) -> Result<LogR
     file.read_exact_at(&mut data, 0)?;
     let mut records = Vec::new();
     let mut pos = 0usize;
-    let mut expect: Option<Lsn> = None;
+    // The LSN of the last record read (a values record repeats the LSN of the
+    // record before it, and does not advance the count: `payload::KIND_VALUES`).
+    let mut last: Option<Lsn> = None;
     while let Some((header, payload)) = parse_at(&data, pos, gen) {
-        if expect.is_some_and(|e| e != header.lsn) {
+        let values = header.kind == super::payload::KIND_VALUES;
+        let continues = match last {
+            None => true,
+            Some(l) if values => l == header.lsn,
+            Some(l) => l.next() == header.lsn,
+        };
+        if !continues {
             break;
         }
         records.push(ReadRecord {
@@ -166,9 +174,10 @@ pub(crate) fn read_log(file: &dyn VFile, gen: u64, next_lsn: Lsn) -> Result<LogR
             offset: pos as u64,
             payload: payload.to_vec(),
         });
-        expect = Some(header.lsn.next());
+        last = Some(header.lsn);
         pos += RECORD_HEADER_SIZE + payload.len();
     }
+    let expect = last.map(Lsn::next);
     let broken = expect.unwrap_or(next_lsn);
     // Only the written part can hold records (files are preallocated with zeros).
     let end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
@@ -223,6 +232,49 @@ mod tests {
         let f = vfs.create("w").unwrap();
         f.write_all_at(bytes, 0).unwrap();
         read_log(&*f, 7, Lsn(1))
+    }
+
+    /// A values record repeats the LSN of the record before it (or, first in a
+    /// file, any) and does not advance the count; one that does not is where the
+    /// log ends.
+    #[test]
+    fn values_records_repeat_the_lsn_before_them() {
+        let values = crate::wal::payload::KIND_VALUES;
+        let frame = |specs: &[(u64, u8)]| {
+            let mut out = Vec::new();
+            for &(lsn, kind) in specs {
+                let h = RecordHeader {
+                    lsn: Lsn(lsn),
+                    synced_lsn: Lsn(0),
+                    kind,
+                };
+                encode(&mut out, 7, h, &[0u8; 12]);
+            }
+            out
+        };
+        let lsns = |r: LogRead| -> Vec<(u64, u8)> {
+            r.records
+                .iter()
+                .map(|r| (r.header.lsn.0, r.header.kind))
+                .collect()
+        };
+        let good = [
+            (0, values),
+            (1, 1),
+            (2, 1),
+            (2, values),
+            (2, values),
+            (3, 1),
+        ];
+        assert_eq!(lsns(read(&frame(&good)).unwrap()), good.to_vec());
+        // A values record that skips ahead, or one claiming the LSN after it: the end.
+        let ahead = [(1, 1), (2, values), (3, 1)];
+        assert_eq!(lsns(read(&frame(&ahead)).unwrap()), vec![(1, 1)]);
+        let after = [(1, 1), (1, values), (3, 1)];
+        assert_eq!(
+            lsns(read(&frame(&after)).unwrap()),
+            vec![(1, 1), (1, values)]
+        );
     }
 
     #[test]
