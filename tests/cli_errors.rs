@@ -98,6 +98,25 @@ fn a_directory_named_like_a_segment_is_named() {
     refused_naming(&t, &expected, "seg-0000000a.dat", "is a directory");
 }
 
+/// A writable open removes the spare files a crash left; a directory with a
+/// spare's name is refused like any non-file named like a store file (exit 5,
+/// named, no bare OS error), and once it is gone the store writes again.
+#[test]
+fn a_directory_named_like_a_spare_is_named() {
+    let (t, expected) = store_with_data();
+    std::fs::create_dir(t.path("spare-00000098.dat")).unwrap();
+    let msg = fails(
+        run(&["put", t.d(), "new", "value"]),
+        5,
+        &["spare-00000098.dat", "is a directory"],
+    );
+    assert!(!msg.contains("os error"), "a bare OS error: {msg}");
+    std::fs::remove_dir(t.path("spare-00000098.dat")).unwrap();
+    assert_eq!(t.scan(&[]), expected);
+    ok(run(&["put", t.d(), "new", "value"]));
+    verify_clean(&t);
+}
+
 #[test]
 fn a_directory_named_like_a_wal_file_is_named() {
     let (t, expected) = store_with_data();

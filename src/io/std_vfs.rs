@@ -331,7 +331,13 @@ impl Vfs for StdVfs {
     }
     fn remove(&self, name: &str) -> io::Result<()> {
         self.check_writable("remove", name)?;
-        std::fs::remove_file(self.path(name)).map_err(|e| file_error("remove", name, e))
+        let path = self.path(name);
+        std::fs::remove_file(&path).map_err(|e| match std::fs::symlink_metadata(&path) {
+            // A directory named like a store file (a spare's name, say): said so, as
+            // an open says it, not as a bare "Is a directory".
+            Ok(meta) if meta.is_dir() => not_regular(name, &path, meta.file_type()),
+            _ => file_error("remove", name, e),
+        })
     }
     fn rename(&self, from: &str, to: &str) -> io::Result<()> {
         self.check_writable("rename", from)?;
