@@ -272,7 +272,8 @@ struct Unsynced {
     /// ([`LOG_VALUES_MAX`]); `None` once they are not (a direct write, or too many
     /// bytes), until the next sync of `values`.
     ranges: Option<Vec<UnsyncedValues>>,
-    /// Bytes in `ranges`.
+    /// Bytes of value writes since the last sync of `values` (in `ranges` while it
+    /// is `Some`).
     range_bytes: usize,
 }
 
@@ -306,6 +307,11 @@ pub(crate) struct UnsyncedValues {
 }
 
 impl UnsyncedValues {
+    /// The offset in its segment just past it.
+    fn end(&self) -> u64 {
+        self.addr.offset() + self.len as u64
+    }
+
     /// Its bytes, read back (from the page cache: they were written through it).
     pub(crate) fn read(&self) -> std::io::Result<Vec<u8>> {
         let mut buf = vec![0u8; self.len];
@@ -1162,11 +1168,18 @@ impl Segments {
         unsynced.values.insert(segment);
         let loggable = !direct && unsynced.range_bytes + len <= LOG_VALUES_MAX;
         match &mut unsynced.ranges {
-            Some(ranges) if loggable => ranges.push(UnsyncedValues {
-                addr: Addr::new(segment, at),
-                len,
-                file,
-            }),
+            // Back to back with the last write (the stream's usual case): one range,
+            // read back in one go.
+            Some(ranges) if loggable => match ranges.last_mut() {
+                Some(last) if last.addr.segment() == segment && last.end() == at => {
+                    last.len += len;
+                }
+                _ => ranges.push(UnsyncedValues {
+                    addr: Addr::new(segment, at),
+                    len,
+                    file,
+                }),
+            },
             _ => unsynced.ranges = None,
         }
         unsynced.range_bytes += len;

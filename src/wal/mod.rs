@@ -138,8 +138,13 @@ fn zeros_ahead(file: &dyn VFile, end: u64) -> Result<()> {
 /// [`Segments::plan_values_sync`]).
 enum Values {
     Nothing,
-    /// Their bytes go into the group's write, as a values record with this header.
-    Log(Vec<UnsyncedValues>, RecordHeader),
+    /// Their bytes go into the group's write, as a values record with this header,
+    /// in the room reserved for it.
+    Log {
+        ranges: Vec<UnsyncedValues>,
+        header: RecordHeader,
+        payload_len: usize,
+    },
     /// Their segments are fsynced beside it.
     Sync(std::collections::BTreeSet<crate::format::SegmentId>),
 }
@@ -270,9 +275,8 @@ impl Wal {
             let values = match segments.plan_values_sync() {
                 ValuesPlan::Log(ranges) if ranges.is_empty() => Values::Nothing,
                 ValuesPlan::Log(ranges) => {
-                    let len = (RECORD_HEADER_SIZE
-                        + payload::values_payload_len(ranges.iter().map(|r| r.len)))
-                        as u64;
+                    let payload_len = payload::values_payload_len(ranges.iter().map(|r| r.len));
+                    let len = (RECORD_HEADER_SIZE + payload_len) as u64;
                     st.file_end += len;
                     st.bytes_since_checkpoint += len;
                     st.gen_bytes += len;
@@ -281,7 +285,11 @@ impl Wal {
                         synced_lsn: st.synced_lsn,
                         kind: payload::KIND_VALUES,
                     };
-                    Values::Log(ranges, header)
+                    Values::Log {
+                        ranges,
+                        header,
+                        payload_len,
+                    }
                 }
                 ValuesPlan::Sync(ids) => Values::Sync(ids),
             };
@@ -334,14 +342,18 @@ impl Wal {
         let values = match values {
             Values::Nothing => None,
             Values::Sync(ids) => Some(segments.start_sync_of(&ids)),
-            Values::Log(ranges, header) => {
+            Values::Log {
+                ranges,
+                header,
+                payload_len,
+            } => {
                 let entries = ranges
                     .iter()
                     .map(|r| Ok((r.addr, r.read()?)))
                     .collect::<std::io::Result<Vec<_>>>()?;
-                let mut payload =
-                    Vec::with_capacity(payload::values_payload_len(ranges.iter().map(|r| r.len)));
+                let mut payload = Vec::with_capacity(payload_len);
                 payload::encode_values(&mut payload, &entries);
+                debug_assert_eq!(payload.len(), payload_len, "the room reserved for it");
                 record::encode(buf, gen, header, &payload);
                 None
             }
