@@ -127,8 +127,14 @@ pub(crate) fn run_lending(shared: &Shared, w: &mut LendingGuard<'_>) -> Result<u
     let mut durable = lock_durable_lending(shared, w);
     let frozen = freeze(shared, w, &mut durable).inspect_err(|e| shared.poison(e))?;
     let durable: &mut Durable = &mut durable;
+    // The write runs on another thread: a caller that may use the reserve (a clean on
+    // a full disk) lets it too.
+    let allowed = crate::io::reserve_allowed_here();
     let epoch = w
-        .serve_while(|| write(shared, durable, frozen))
+        .serve_while(|| {
+            let _allowed = allowed.then(crate::io::allow_reserve);
+            write(shared, durable, frozen)
+        })
         .inspect_err(|e| shared.poison(e))?;
     w.refs.merge_written(epoch);
     Ok(epoch)
@@ -568,6 +574,7 @@ fn flush_chunk(
 fn after_durable(shared: &Shared, epoch: u64) {
     delete_unreachable_segments(shared);
     unpin_written_roots(shared, epoch);
+    shared.segments.fit_to_free_space();
 }
 
 /// Whether a pending deletion waits only for the next checkpoint: emptied by the

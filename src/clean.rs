@@ -74,10 +74,13 @@ const ROUND_BYTES: u64 = 16 << 20;
 /// size.
 const AHEAD_CHUNK_BYTES: usize = 4 << 20;
 
-/// `shrink` (and automatic cleaning) moves the segment taking appends only when at least 1 / this of it is
-/// dead: it always holds the last checkpoints' metadata (dead once superseded), and
-/// rewriting all of it to save that little would make every shrink rewrite it.
-const SHRINK_ACTIVE_DEAD_RATIO: u64 = 64;
+/// `shrink` (and automatic cleaning) moves a segment only when at least 1 / this of
+/// it is dead. Moving blocks rewrites their parents, so the segment taking the
+/// copies always holds a little dead metadata afterwards; moving all of it again to
+/// save that little made every shrink rewrite the whole store, three times (a
+/// second shrink must move nothing). The footprint stays within this fraction of
+/// the live data.
+const SHRINK_MIN_DEAD_RATIO: u64 = 64;
 
 /// `shrink` repeats the cleaner at most this many times (see there).
 const SHRINK_PASSES: usize = 3;
@@ -135,18 +138,29 @@ pub(crate) fn clean(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<CleanReport> {
     let _one_at_a_time = lock(&shared.cleaning);
+    let footprint_before = footprint(shared)?;
+    // Asked for, the space it frees is given back, not kept as spare files (first,
+    // so that a disk short of space has their room for the moves; and after, for
+    // the segments it emptied). Their bytes count as freed: they are emptied
+    // segments' files.
+    let spares_before = shared.segments.discard_spares()?;
     let mut report = clean_at_most(shared, dead_below, u64::MAX, None, progress)?;
-    // Asked for, the space it frees is given back, not kept as spare files.
-    if shared.segments.spare_count() > 0 {
-        shared.segments.discard_spares()?;
-        report.footprint_after = footprint(shared)?;
-    }
+    let spares_after = shared.segments.discard_spares()?;
+    report.footprint_before = footprint_before;
+    report.bytes_freed += spares_before + spares_after;
+    report.footprint_after = footprint(shared)?;
     Ok(report)
 }
 
 /// Cleans when [`crate::options::Options::auto_clean_dead_percent`] says it is due: dead bytes
 /// past the threshold (and past `AUTO_CLEAN_MIN_DEAD`), down to half the threshold,
 /// moving at most `AUTO_CLEAN_MAX_MOVED`. Returns whether it cleaned.
+///
+/// On a disk short of space it is due sooner: once the dead bytes are more than the
+/// disk has left ([`Segments::room`]), down to half of what it has left. Writes that
+/// kill blocks scattered over many segments (a volume overwritten by a client that
+/// writes several regions at once) leave every segment partly dead, below the
+/// threshold, and the disk would fill with dead bytes no checkpoint gives back.
 pub(crate) fn auto_clean(shared: &Shared) -> Result<bool> {
     let Some(percent) = shared.opts.auto_clean_dead_percent else {
         return Ok(false);
@@ -160,25 +174,37 @@ pub(crate) fn auto_clean(shared: &Shared) -> Result<bool> {
     let dead: u64 = segments.iter().map(SegmentUse::dead).sum();
     #[expect(clippy::cast_precision_loss, reason = "a percentage")]
     let dead_percent = dead as f64 * 100.0 / total.max(1) as f64;
-    if dead < AUTO_CLEAN_MIN_DEAD || dead_percent <= percent {
+    let room = shared.segments.room().unwrap_or(u64::MAX);
+    let short = dead > room;
+    if dead < AUTO_CLEAN_MIN_DEAD || (dead_percent <= percent && !short) {
         return Ok(false);
     }
+    #[expect(clippy::cast_precision_loss, reason = "a fraction")]
+    let dead_below = match short {
+        true => (room / 2) as f64 / total.max(1) as f64,
+        false => 1.0,
+    };
+    // Short of space, cleaning is how space comes back: it may use the reserve.
+    let _allowed = short.then(crate::io::allow_reserve);
     clean_at_most(
         shared,
-        percent / 200.0,
+        (percent / 200.0).min(dead_below),
         AUTO_CLEAN_MAX_MOVED,
-        Some(SHRINK_ACTIVE_DEAD_RATIO),
+        Some(SHRINK_MIN_DEAD_RATIO),
         &mut |_, _| {},
     )?;
     Ok(true)
 }
 
-/// [`clean`], stopping after the round that passes `max_moved` live bytes.
+/// [`clean`], stopping after the round that passes `max_moved` live bytes. On a disk
+/// short of space it cleans only segments whose live bytes fit, together, in what
+/// the disk has left (and the part of the reserve a checkpoint does not need): a
+/// segment moved in part frees nothing, and the moves would fill the disk.
 fn clean_at_most(
     shared: &Shared,
     dead_below: f64,
     max_moved: u64,
-    spare_active: Option<u64>,
+    min_dead_ratio: Option<u64>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<CleanReport> {
     let mut report = CleanReport {
@@ -189,7 +215,11 @@ fn clean_at_most(
     shared.segments.seal_unless_newest();
     // Segments already empty go first: they need no move, only a durable checkpoint.
     settle_deletions(shared)?;
-    let victims = choose_victims(shared, dead_below, spare_active)?;
+    let fit = shared.segments.room().map_or(u64::MAX, |room| {
+        let total = before.iter().map(|(_, n)| n).sum();
+        room.saturating_add(crate::io::reserve_for(total) / 2)
+    });
+    let victims = choose_victims(shared, dead_below, fit, min_dead_ratio)?;
     let total: u64 = victims.iter().map(|s| s.live).sum();
     let mut moved = 0;
     for victim in &victims {
@@ -312,18 +342,15 @@ pub(crate) fn shrink(shared: &Shared, progress: &mut dyn FnMut(u64, u64)) -> Res
     // copies and so leave dead bytes there: a few passes settle it (each pass moves
     // only what the previous one left behind).
     let _one_at_a_time = lock(&shared.cleaning);
-    let mut report = CleanReport::default();
-    for pass in 0..SHRINK_PASSES {
-        let done = clean_at_most(
-            shared,
-            0.0,
-            u64::MAX,
-            Some(SHRINK_ACTIVE_DEAD_RATIO),
-            progress,
-        )?;
-        if pass == 0 {
-            report.footprint_before = done.footprint_before;
-        }
+    let mut report = CleanReport {
+        footprint_before: footprint(shared)?,
+        // The footprint drops to the live data: no spare files kept (first, so that
+        // a disk short of space has their room for the moves).
+        bytes_freed: shared.segments.discard_spares()?,
+        ..CleanReport::default()
+    };
+    for _ in 0..SHRINK_PASSES {
+        let done = clean_at_most(shared, 0.0, u64::MAX, Some(SHRINK_MIN_DEAD_RATIO), progress)?;
         report.segments_cleaned += done.segments_cleaned;
         report.segments_deleted += done.segments_deleted;
         report.bytes_moved += done.bytes_moved;
@@ -339,8 +366,7 @@ pub(crate) fn shrink(shared: &Shared, progress: &mut dyn FnMut(u64, u64)) -> Res
         .compact_backrefs
         .store(true, std::sync::atomic::Ordering::Relaxed);
     settle_deletions(shared)?;
-    // The footprint drops to the live data: no spare files kept either.
-    shared.segments.discard_spares()?;
+    report.bytes_freed += shared.segments.discard_spares()?;
     report.footprint_after = footprint(shared)?;
     Ok(report)
 }
@@ -436,11 +462,14 @@ fn rounds(victims: &[SegmentUse], round_bytes: u64) -> Vec<Vec<Piece>> {
 /// frees times the segment's age, over the cost of reading and rewriting its live
 /// part, `(1 - u) * age / (1 + u)`. Age is by segment id (ids only grow), so
 /// older, colder data is moved before data that may still die on its own. Segments
-/// are taken until the dead bytes left would be below `dead_below` of the total.
+/// are taken until the dead bytes left would be below `dead_below` of the total;
+/// with `min_dead_ratio`, only those at least 1 / it dead; and only as many as fit
+/// in `fit` bytes of moves.
 fn choose_victims(
     shared: &Shared,
     dead_below: f64,
-    spare_active: Option<u64>,
+    mut fit: u64,
+    min_dead_ratio: Option<u64>,
 ) -> Result<Vec<SegmentUse>> {
     let segments = segment_uses(shared)?;
     let newest = segments.iter().map(|s| s.id.0).max().unwrap_or(0);
@@ -450,9 +479,7 @@ fn choose_victims(
         .into_iter()
         // Empty ones need no move, only a checkpoint.
         .filter(|s| s.live > 0 && s.dead() > 0)
-        .filter(|s| {
-            !shared.segments.is_active(s.id) || spare_active.is_none_or(|r| s.dead() * r >= s.size)
-        })
+        .filter(|s| min_dead_ratio.is_none_or(|r| s.dead() * r >= s.size))
         .map(|s| {
             #[expect(clippy::cast_precision_loss, reason = "a ranking score")]
             let u = s.live as f64 / s.size.max(1) as f64;
@@ -468,6 +495,10 @@ fn choose_victims(
         if fraction <= dead_below {
             break;
         }
+        if s.live > fit {
+            continue;
+        }
+        fit -= s.live;
         dead -= s.dead();
         victims.push(s);
     }

@@ -135,6 +135,13 @@ impl Error {
     pub fn is_corruption(&self) -> bool {
         matches!(self, Error::Corrupted { .. })
     }
+
+    /// Whether this error is a full disk (or quota): freeing space (a drop, then a
+    /// clean or a checkpoint) may make the operation succeed.
+    pub fn is_storage_full(&self) -> bool {
+        use std::io::ErrorKind as K;
+        matches!(self, Error::Io(e) if matches!(e.kind(), K::StorageFull | K::QuotaExceeded))
+    }
 }
 
 /// An I/O error on one file (or on the directory) of a store.

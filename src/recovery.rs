@@ -242,8 +242,7 @@ fn load(
     let sb_file = SuperblockFile::read(&*vfs, &label)?;
     let segments = Segments::open(vfs.clone(), opts.read_only)?;
     segments.set_zeros_ahead(opts.data_zeros_ahead);
-    segments
-        .set_spare_limit((opts.checkpoint_data_bytes / crate::space::SEGMENT_TARGET_BYTES).max(2));
+    segments.set_data_checkpoint_bytes(opts.checkpoint_data_bytes);
     let (sb, meta, chain) = load_newest(&sb_file, &segments)?;
     let fallback = sb_file
         .candidates()?
@@ -349,6 +348,7 @@ fn load(
         backrefs: Mutex::new(backrefs),
         compact_backrefs: AtomicBool::new(false),
         cleaning: Mutex::new(()),
+        making_room: Mutex::new(()),
         subtree_totals: Mutex::new(crate::format::AddrMap::default()),
         cache,
         wal,

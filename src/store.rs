@@ -166,7 +166,7 @@ impl Store {
         }
         subtree_memo::load(&shared);
         if !shared.opts.read_only && shared.opts.background_checkpoints {
-            start_background(&shared);
+            start_background(&shared, &reserve);
             if !lock(&shared.writer).drop_queue.is_empty() {
                 shared.wake_background();
             }
@@ -310,7 +310,44 @@ impl Store {
         run: Option<&[u8]>,
     ) -> Result<(Vec<crate::format::BlockRef>, crate::space::Pin<'_>)> {
         self.shared.check_writable()?;
-        self.shared.segments.write_values_pinned(values, run)
+        let segments = &self.shared.segments;
+        match segments.write_values_pinned(values, run) {
+            // A full disk: once space is given back, one more try. (The failed
+            // write's extents, if any, are dead space, never referenced.)
+            Err(e) if e.is_storage_full() => {
+                self.make_room()?;
+                segments.write_values_pinned(values, run)
+            }
+            other => other,
+        }
+    }
+
+    /// Gives back the space a full disk can get without the user's help, for a
+    /// write of data that found it full: the spare files, the segments that data
+    /// overwritten since the last checkpoint emptied (a checkpoint finds them, the
+    /// next deletes them), then the dead bytes the cleaner can move out. A client
+    /// that overwrites a volume as fast as it can, on a disk with little room,
+    /// otherwise outruns the background checkpoints and gets `ENOSPC` while most of
+    /// the store is dead space. One write at a time does it; others that found the
+    /// disk full wait for it, then try again.
+    fn make_room(&self) -> Result<()> {
+        let shared = &self.shared;
+        let Ok(_alone) = shared.making_room.try_lock() else {
+            drop(lock(&shared.making_room));
+            return Ok(());
+        };
+        let _allowed = crate::io::allow_reserve();
+        shared.segments.discard_spares()?;
+        if shared.has_unwritten() {
+            checkpoint::run(shared, None)?;
+        }
+        if checkpoint::deletions_wait_for_next_generation(shared) {
+            checkpoint::run(shared, None)?;
+        }
+        // Its moves are durable, and the segments they emptied deleted, when it
+        // returns.
+        clean::auto_clean(shared)?;
+        Ok(())
     }
 
     /// Makes every transaction committed so far durable (those committed with
@@ -335,8 +372,6 @@ impl Store {
     /// [`Store::drop_version`], with `only_id`: only if `name` is still the version
     /// with that id (a handle bound to it must not drop a newcomer of the same name).
     pub(crate) fn drop_version_if(&self, name: &str, only_id: Option<u32>) -> Result<()> {
-        // Its space comes back later (reclamation, then a checkpoint).
-        self.reserve.allow_until_restored();
         versions::drop_version(&self.shared, name, only_id)
     }
 
@@ -345,14 +380,14 @@ impl Store {
     /// without one ([`Options::background_checkpoints`] off) and want to spread a big
     /// drop over their own idle time.
     pub fn drop_step(&self, max_nodes: usize) -> Result<bool> {
-        let _allowed = self.reserve.allow();
+        let _allowed = crate::io::allow_reserve();
         versions::drop_step(&self.shared, max_nodes.max(1))
     }
 
     /// Runs the reclamation of dropped versions to the end (it otherwise proceeds in
     /// the background). The space it frees is reusable after the next checkpoint.
     pub fn finish_drops(&self) -> Result<()> {
-        let _allowed = self.reserve.allow();
+        let _allowed = crate::io::allow_reserve();
         versions::finish_drops(&self.shared)
     }
 
@@ -364,7 +399,7 @@ impl Store {
     /// free, as it does on its own. On a full disk it may use the reserve.
     pub fn reclaim_dropped(&self) -> Result<()> {
         self.shared.check_writable()?;
-        let allowed = self.reserve.allow();
+        let allowed = crate::io::allow_reserve();
         versions::finish_drops(&self.shared)?;
         self.shared.segments.seal_data();
         // The first checkpoint leaves the dropped trees out of the durable state; the
@@ -402,6 +437,9 @@ impl Store {
     pub fn checkpoint(&self) -> Result<()> {
         self.shared.check_writable()?;
         self.finish_drops()?;
+        // It deletes the segments emptied since the last: on a full disk it may use
+        // the reserve.
+        let _allowed = crate::io::allow_reserve();
         checkpoint::run(&self.shared, None)
     }
 
@@ -427,7 +465,7 @@ impl Store {
             )));
         }
         self.shared.check_writable()?;
-        let allowed = self.reserve.allow();
+        let allowed = crate::io::allow_reserve();
         let report = clean::clean(&self.shared, dead_below_percent / 100.0, progress);
         drop(allowed);
         self.restore_reserve();
@@ -438,15 +476,16 @@ impl Store {
     /// scans read sequentially. Nodes it shares with other versions stay shared.
     pub fn defrag(&self, version: Option<&str>) -> Result<CleanReport> {
         self.shared.check_writable()?;
-        let allowed = self.reserve.allow();
+        let allowed = crate::io::allow_reserve();
         let report = clean::defrag(&self.shared, version);
         drop(allowed);
         self.restore_reserve();
         report
     }
 
-    /// Moves every live block out of segments that hold dead bytes and deletes them:
-    /// the store's footprint drops to about its live data plus the WAL.
+    /// Moves every live block out of segments that hold dead bytes (at least 1/64 of
+    /// the segment) and deletes them: the store's footprint drops to about its live
+    /// data plus the WAL. A second shrink right after moves next to nothing.
     pub fn shrink(&self) -> Result<CleanReport> {
         self.shrink_with_progress(&mut |_, _| {})
     }
@@ -456,20 +495,15 @@ impl Store {
     /// a drop's permission to use it. A store that stays open (a server) gets its
     /// reserve back here, not only at close.
     fn restore_reserve(&self) {
-        let segment_bytes = self
-            .shared
-            .segments
-            .sizes()
-            .map_or(0, |s| s.iter().map(|(_, n)| n).sum());
         let _ = self
             .reserve
-            .restore_if_taken(crate::io::reserve_for(segment_bytes));
+            .restore_if_taken(crate::io::reserve_for(segment_bytes(&self.shared)));
     }
 
     /// [`Store::shrink`], calling `progress` with the bytes moved so far and in all.
     pub fn shrink_with_progress(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<CleanReport> {
         self.shared.check_writable()?;
-        let allowed = self.reserve.allow();
+        let allowed = crate::io::allow_reserve();
         let report = clean::shrink(&self.shared, progress);
         drop(allowed);
         self.restore_reserve();
@@ -547,8 +581,8 @@ fn shutdown(shared: &Shared, reserve: &Reserve) -> Result<()> {
     // does not run) finishes here, so that its space comes back whatever the store
     // is used for (the CLI opens it for one command at a time).
     // Freeing space: on a full disk it may use the reserve (until the end of the
-    // closing checkpoints).
-    let _allowed = (!lock(&shared.writer).drop_queue.is_empty()).then(|| reserve.allow());
+    // closing checkpoints, which give the space back).
+    let _allowed = (!lock(&shared.writer).drop_queue.is_empty()).then(crate::io::allow_reserve);
     versions::finish_drops(shared)?;
     if shared.has_unwritten() {
         checkpoint::run(shared, None)?;
@@ -565,21 +599,18 @@ fn shutdown(shared: &Shared, reserve: &Reserve) -> Result<()> {
     let _ = shared.segments.discard_spares();
     // Space freed by this session comes back as the reserve first. Best effort: a
     // disk still full leaves it for a later close.
-    let segment_bytes = shared
-        .segments
-        .sizes()
-        .map_or(0, |s| s.iter().map(|(_, n)| n).sum());
-    let _ = reserve.restore(crate::io::reserve_for(segment_bytes));
+    let _ = reserve.restore(crate::io::reserve_for(segment_bytes(shared)));
     Ok(())
 }
 
-fn start_background(shared: &Arc<Shared>) {
+fn start_background(shared: &Arc<Shared>, reserve: &Arc<Reserve>) {
     let weak: Weak<Shared> = Arc::downgrade(shared);
     let signal = shared.background.clone();
     let interval = shared.opts.checkpoint_interval;
+    let reserve = reserve.clone();
     let handle = std::thread::Builder::new()
         .name("cambium-checkpoint".into())
-        .spawn(move || background_loop(&weak, &signal, interval));
+        .spawn(move || background_loop(&weak, &signal, interval, &reserve));
     if let Ok(h) = handle {
         *lock(&shared.bg_thread) = Some(h);
     }
@@ -587,21 +618,31 @@ fn start_background(shared: &Arc<Shared>) {
 
 /// The background worker: frees dropped versions' nodes in small steps (commits
 /// interleave), and checkpoints when asked or when the interval passes with anything
-/// unwritten. It holds the engine only while it works, so the last handle's drop is
-/// never waiting on it for long.
-fn background_loop(weak: &Weak<Shared>, signal: &Signal, interval: Option<Duration>) {
+/// unwritten. After a checkpoint it brings the reserve to its size (a process that
+/// lives on, a server, would otherwise keep the reserve its store had when it
+/// opened). A whole interval with nothing unwritten gives back the spare files:
+/// they serve a writer, and the store is idle. It holds the engine only while it
+/// works, so the last handle's drop is never waiting on it for long.
+fn background_loop(
+    weak: &Weak<Shared>,
+    signal: &Signal,
+    interval: Option<Duration>,
+    reserve: &Reserve,
+) {
     let (m, cv) = signal;
     // When the cleaner last ran here (see below).
     let mut cleaned = std::time::Instant::now();
     loop {
         let wait = interval.unwrap_or(Duration::from_secs(3600));
-        let (checkpoint_wanted, drops) = {
+        let (checkpoint_wanted, drops, timed_out) = {
             let mut work = lock(m);
+            let mut timed_out = false;
             if !work.stop && !work.checkpoint && !work.drops {
-                work = cv
+                let waited = cv
                     .wait_timeout(work, wait)
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .0;
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                work = waited.0;
+                timed_out = waited.1.timed_out();
             }
             if work.stop {
                 return;
@@ -609,6 +650,7 @@ fn background_loop(weak: &Weak<Shared>, signal: &Signal, interval: Option<Durati
             (
                 std::mem::take(&mut work.checkpoint),
                 std::mem::take(&mut work.drops),
+                timed_out,
             )
         };
         let Some(shared) = weak.upgrade() else { return };
@@ -626,19 +668,36 @@ fn background_loop(weak: &Weak<Shared>, signal: &Signal, interval: Option<Durati
             // purpose is the segments that emptied, which need no cleaning.
             let for_data = checkpoint_wanted && shared.checkpoint_due_for_data_alone();
             // An error poisons the store inside `run`; the thread just carries on idle.
+            // One for the data deletes the segments it emptied: on a full disk it may
+            // use the reserve.
+            let allowed = for_data.then(crate::io::allow_reserve);
             let _ = checkpoint::run(&shared, None);
+            drop(allowed);
             // Cleaning after a checkpoint: the usage table it reads is fresh. Not after
             // each of a fast writer's per-GiB checkpoints, which would move up to
             // 128 MiB each time under its feet (4 KiB random writes at QD32 lost a
             // quarter of their IOPS), but at most once an interval then. An error
             // here poisons like a checkpoint's, or leaves the store as it was.
             let pace = interval.unwrap_or(Duration::from_secs(30));
-            if !for_data || cleaned.elapsed() >= pace {
+            // A disk short of space cleans after every checkpoint.
+            if !for_data || cleaned.elapsed() >= pace || shared.segments.short_of_space() {
                 let _ = clean::auto_clean(&shared);
                 cleaned = std::time::Instant::now();
             }
+            let _ = reserve.restore(crate::io::reserve_for(segment_bytes(&shared)));
+        } else if interval.is_some() && timed_out && !drops {
+            // Best effort: a spare left is removed by the close or the next open.
+            let _ = shared.segments.discard_spares();
         }
     }
+}
+
+/// The bytes of the store's segments (what the reserve is sized by).
+fn segment_bytes(shared: &Shared) -> u64 {
+    shared
+        .segments
+        .sizes()
+        .map_or(0, |s| s.iter().map(|(_, n)| n).sum())
 }
 
 /// Creates `dir` and any missing parents, and syncs the parent of each directory it

@@ -236,6 +236,8 @@ pub(crate) fn drop_version(shared: &Shared, name: &str, only_id: Option<u32>) ->
     if name == MAIN_BRANCH {
         return Err(Error::DefaultBranch(name.to_owned()));
     }
+    // The drop's record frees space: on a full disk it may use the reserve.
+    let _allowed = crate::io::allow_reserve();
     let w = shared.lock_writer_checked()?;
     let id = w
         .catalog
@@ -257,6 +259,8 @@ pub(crate) fn drop_version(shared: &Shared, name: &str, only_id: Option<u32>) ->
 /// Frees up to `budget` queued nodes of dropped versions, under the writer lock.
 /// Returns whether work remains.
 pub(crate) fn drop_step(shared: &Shared, budget: usize) -> Result<bool> {
+    // Freeing dropped nodes frees space: on a full disk it may use the reserve.
+    let _allowed = crate::io::allow_reserve();
     let mut w = shared.lock_writer_checked()?;
     if w.drop_queue.is_empty() {
         return Ok(false);

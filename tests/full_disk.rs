@@ -6,7 +6,8 @@ mod common;
 
 use cambium::io::sim::SimVfs;
 use cambium::io::{RESERVE_FILE, RESERVE_MIN_BYTES};
-use cambium::{Error, Store};
+use cambium::volume::Volume;
+use cambium::{Durability, Error, Store};
 use common::*;
 
 fn is_full(e: &Error) -> bool {
@@ -144,4 +145,76 @@ fn ordinary_writes_after_a_clean_in_the_same_process_leave_the_reserve_alone() {
             "an ordinary put took the reserve (clean first: {clean_first})"
         );
     }
+}
+
+/// A volume overwritten again and again on a disk with room for about three copies
+/// of it: every write is accepted. The space overwritten data held comes back as it
+/// goes (data checkpoints come sooner on a disk short of space, and a write that
+/// finds it full first gives back what a checkpoint and the cleaner can), so the
+/// disk never fills with dead segments. With the data checkpoint threshold of a disk
+/// with room (1 GiB), the second pass ran out of space.
+#[test]
+fn a_volume_overwritten_on_a_small_disk_takes_every_write() {
+    const SIZE: u64 = 24 << 20;
+    const WRITE: usize = 1 << 20;
+    let vfs = SimVfs::new();
+    let store = create_sim(&vfs);
+    let vol = Volume::create(&store, "v", SIZE, 4096).unwrap();
+    vfs.set_capacity(Some(vfs.used_bytes() + 3 * SIZE));
+    let mut rng = Rng::new(11);
+    let mut image = vec![0u8; SIZE as usize];
+    for pass in 0..8 {
+        for (i, chunk) in image.chunks_mut(WRITE).enumerate() {
+            chunk.copy_from_slice(&rng.bytes(WRITE));
+            let offset = (i * WRITE) as u64;
+            if let Err(e) = vol.write_at(offset, chunk, Durability::Deferred) {
+                panic!("pass {pass}, write at {offset}: {e}");
+            }
+        }
+        store.sync().unwrap();
+    }
+    let mut back = vec![0u8; SIZE as usize];
+    vol.read_at(0, &mut back).unwrap();
+    assert!(back == image, "the volume reads its last pass");
+    drop(vol);
+    store.close().unwrap();
+    let store = open_sim(&vfs).unwrap();
+    let vol = Volume::open(&store, "v").unwrap();
+    vol.read_at(0, &mut back).unwrap();
+    assert!(back == image, "and so does the next process");
+    assert!(store.verify().unwrap().is_clean());
+}
+
+/// On a disk some other process filled, a write of data is refused before it takes
+/// the headroom the store keeps for the work that frees space (or the reserve):
+/// after it, a checkpoint, a drop and a clean all work, without the reserve file
+/// ever being needed by ordinary writes.
+#[test]
+fn data_writes_stop_short_of_the_headroom() {
+    let vfs = SimVfs::new();
+    let store = create_sim(&vfs);
+    let vol = Volume::create(&store, "v", 64 << 20, 4096).unwrap();
+    let mut rng = Rng::new(12);
+    vol.write_at(0, &rng.bytes(8 << 20), Durability::Immediate)
+        .unwrap();
+    Volume::snapshot(&store, "v", "old").unwrap();
+    // Room for a little more, then another process takes the rest.
+    vfs.set_capacity(Some(vfs.used_bytes() + (6 << 20)));
+    let refused = (0..64u64)
+        .map(|i| vol.write_at(i << 20, &rng.bytes(1 << 20), Durability::Immediate))
+        .find_map(Result::err)
+        .expect("the disk fills");
+    assert!(refused.is_storage_full(), "{refused}");
+    assert_eq!(
+        vfs.file_len(RESERVE_FILE),
+        Some(RESERVE_MIN_BYTES),
+        "ordinary writes left the reserve alone"
+    );
+    store.checkpoint().unwrap();
+    Volume::drop_volume(&store, "old").unwrap();
+    store.clean(0.0).unwrap();
+    drop(vol);
+    store.close().unwrap();
+    let store = open_sim(&vfs).unwrap();
+    assert!(store.verify().unwrap().is_clean());
 }

@@ -223,9 +223,9 @@ pub enum Command {
         /// The version to defragment (default: every version).
         version: Option<String>,
     },
-    /// Move every live block out of segments holding dead bytes and delete them, so
-    /// the store's footprint drops to about its live data. Prints the old and new
-    /// footprint.
+    /// Move every live block out of segments holding dead bytes (over 1/64 of the
+    /// segment) and delete them, so the store's footprint drops to about its live
+    /// data. Prints the old and new footprint. A second shrink moves next to nothing.
     Shrink {
         /// The store directory.
         dir: PathBuf,

@@ -204,6 +204,9 @@ pub(crate) struct Shared {
     /// counts them as dead bytes, and the other may clean and delete that segment
     /// before the first commits its round.
     pub cleaning: Mutex<()>,
+    /// Held while a write that found the disk full gives space back
+    /// (`Store::make_room`): the others that found it full wait, then try again.
+    pub making_room: Mutex<()>,
     /// Referenced bytes and keys of written branch subtrees (`versions()`): a written
     /// node never changes, so its totals hold as long as its address is in use.
     pub subtree_totals: Mutex<AddrMap<Addr, SubtreeTotals>>,
@@ -324,13 +327,14 @@ impl Shared {
     pub(crate) fn checkpoint_due(&self, dirty_bytes: u64) -> bool {
         self.wal.bytes_since_checkpoint() > self.opts.checkpoint_wal_bytes
             || dirty_bytes > self.opts.checkpoint_dirty_bytes
-            || self.segments.data_since_fence() > self.opts.checkpoint_data_bytes
+            || self.segments.data_since_fence() > self.segments.data_checkpoint_bytes()
     }
 
-    /// Whether the data threshold (`Options::checkpoint_data_bytes`) is crossed and the
-    /// log's is not: a checkpoint due for the data appended alone.
+    /// Whether the data threshold (`Options::checkpoint_data_bytes`, less on a disk
+    /// short of space) is crossed and the log's is not: a checkpoint due for the data
+    /// appended alone.
     pub(crate) fn checkpoint_due_for_data_alone(&self) -> bool {
-        self.segments.data_since_fence() > self.opts.checkpoint_data_bytes
+        self.segments.data_since_fence() > self.segments.data_checkpoint_bytes()
             && self.wal.bytes_since_checkpoint() <= self.opts.checkpoint_wal_bytes
     }
 

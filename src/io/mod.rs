@@ -20,8 +20,11 @@ pub mod sim;
 mod std_vfs;
 mod unix_socket;
 
+pub(crate) use reserve::{
+    allow as allow_reserve, allowed_here as reserve_allowed_here, without as without_reserve,
+    Reserve, ReserveVfs,
+};
 pub use reserve::{reserve_for, RESERVE_BYTES, RESERVE_FILE, RESERVE_MIN_BYTES};
-pub(crate) use reserve::{Reserve, ReserveVfs};
 
 pub(crate) use aligned::{AlignedBuf, DIRECT_ALIGN};
 pub use lock_file::LOCK_FILE;
@@ -112,6 +115,12 @@ pub trait Vfs: Send + Sync {
     /// way from the same seed.
     fn syncs_overlap(&self) -> bool {
         false
+    }
+    /// The bytes the file system holding the store can still give it, if known: how
+    /// soon data must be checkpointed for the space it overwrote to come back
+    /// (`Segments::data_checkpoint_bytes`).
+    fn free_bytes(&self) -> Option<u64> {
+        None
     }
 }
 

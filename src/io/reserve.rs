@@ -1,22 +1,34 @@
 //! Space held back for deletes: a file of zeros (`reserve`) that a full disk gives
-//! back to the commands that free space.
+//! back to the work that frees space.
 //!
 //! On a full disk every write fails, including the ones that `drop`, the cleaner and
-//! the checkpoint after them need (a WAL record, the metadata, moved blocks) in order
-//! to free anything. So a store keeps [`RESERVE_BYTES`] allocated in a file of its
-//! own, an eighth of its segment bytes between [`RESERVE_MIN_BYTES`] and
+//! the checkpoints after them need (a WAL record, the metadata, moved blocks) in order
+//! to free anything. So a store keeps up to [`RESERVE_BYTES`] allocated in a file of
+//! its own, an eighth of its segment bytes between [`RESERVE_MIN_BYTES`] and
 //! [`RESERVE_BYTES`] (so a small store is not dwarfed by it). [`ReserveVfs`] wraps the
-//! store's file system: while a space-freeing operation runs (it holds a
-//! [`Reserve::allow`]), and after a drop until the reserve is restored, a write that
-//! fails with `StorageFull` deletes the reserve file and is retried once. Ordinary
-//! writes never touch it otherwise, so a full disk still refuses a `put` but accepts
-//! the `drop` that makes room. [`Reserve::restore`] allocates the file again if there
-//! is room, when the store is closed and after a clean, defrag or shrink (else a later
-//! one tries again).
+//! store's file system: a write that fails with `StorageFull` on a thread that holds
+//! an [`Allowance`] deletes the reserve file and is retried once. The work that frees
+//! space takes one for as long as it runs: a drop and the reclamation of dropped
+//! versions, a clean, defrag or shrink, a checkpoint asked for (`cambium
+//! checkpoint`: it deletes the segments that emptied) or due for the data appended
+//! since the last (the same), and a write of data that found the disk full making
+//! room (`Store::make_room`). Checkpoints that free nothing (a close's, an
+//! interval's) do not: on a disk some other process filled, they would spend the
+//! reserve and leave none for the `drop` that makes room.
+//!
+//! The allowance belongs to a thread, not to the store: on a full disk a server's
+//! clients go on writing while its checkpoint runs, and their data is what filled the
+//! disk. If any write could take the reserve while some checkpoint ran, a client's
+//! write would take it and the checkpoint that would have freed space would fail.
+//! So ordinary writes never touch it: a full disk refuses a `put` or a block write,
+//! but accepts the `drop` that makes room. [`Reserve::restore`] allocates the file
+//! again if there is room: when the store is closed, after a clean, defrag or shrink,
+//! and after a background checkpoint (else a later one tries again).
 
 use super::{LockKind, StoreLock, VFile, Vfs};
+use std::cell::Cell;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 /// The reserve file's name in the store directory.
@@ -42,50 +54,57 @@ pub fn reserve_for(segment_bytes: u64) -> u64 {
 /// The reserve's state, shared by the wrapper and the store.
 pub struct Reserve {
     inner: Arc<dyn Vfs>,
-    /// Space-freeing operations running now ([`Reserve::allow`]): while any runs, a
-    /// full disk may take the reserve.
-    allowances: AtomicUsize,
-    /// Set by a drop, whose space comes back later (its reclamation runs in the
-    /// background, and the checkpoint after it): a full disk may take the reserve
-    /// until the next [`Reserve::restore`].
-    until_restored: AtomicBool,
 }
 
-/// Lets writes that hit a full disk use the reserve for as long as it lives
-/// ([`Reserve::allow`]).
-pub struct Allowance<'r>(&'r Reserve);
+thread_local! {
+    /// The [`Allowance`]s this thread holds.
+    static ALLOWANCES: Cell<usize> = const { Cell::new(0) };
+}
 
-impl Drop for Allowance<'_> {
+/// Lets this thread's writes that hit a full disk use the reserve for as long as it
+/// lives ([`allow`]). Not `Send`: it is the thread's.
+pub struct Allowance(PhantomData<*const ()>);
+
+/// Lets the calling thread's writes that hit a full disk use the reserve while the
+/// returned [`Allowance`] lives: taken by the work that frees space, for as long as
+/// it runs (module docs). Nests. Work handed to another thread takes its own there.
+pub fn allow() -> Allowance {
+    ALLOWANCES.with(|n| n.set(n.get() + 1));
+    Allowance(PhantomData)
+}
+
+impl Drop for Allowance {
     fn drop(&mut self) {
-        self.0.allowances.fetch_sub(1, Ordering::SeqCst);
+        ALLOWANCES.with(|n| n.set(n.get() - 1));
     }
+}
+
+/// Runs `f` with the calling thread's [`Allowance`]s set aside: for writes made
+/// ahead of need (zeros that keep a log from growing one record at a time, a new
+/// file's preallocation), which a full disk should simply refuse. Spending the
+/// reserve on them would leave the work that holds the allowance without it.
+pub fn without<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(usize);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            ALLOWANCES.with(|n| n.set(self.0));
+        }
+    }
+    let _restore = Restore(ALLOWANCES.with(|n| n.replace(0)));
+    f()
+}
+
+/// Whether the calling thread holds an [`Allowance`].
+pub fn allowed_here() -> bool {
+    ALLOWANCES.with(Cell::get) > 0
 }
 
 impl Reserve {
-    /// Lets writes that hit a full disk use the reserve while the returned
-    /// [`Allowance`] lives: taken by the operations that free space, for as long as
-    /// they run. (In a process that lives on, a server, a permission that outlived
-    /// the operation let ordinary writes eat the reserve meant for the next one.)
-    pub fn allow(&self) -> Allowance<'_> {
-        self.allowances.fetch_add(1, Ordering::SeqCst);
-        Allowance(self)
-    }
-
-    /// Lets writes that hit a full disk use the reserve until the next
-    /// [`Reserve::restore`]: for a drop, whose space the background reclamation and
-    /// a checkpoint give back after the call returns.
-    pub fn allow_until_restored(&self) {
-        self.until_restored.store(true, Ordering::SeqCst);
-    }
-
-    fn allowed(&self) -> bool {
-        self.allowances.load(Ordering::SeqCst) > 0 || self.until_restored.load(Ordering::SeqCst)
-    }
-
-    /// Gives the reserve back to a write that failed with `StorageFull`, if allowed
-    /// and still held. Returns whether the write should be retried.
+    /// Gives the reserve back to a write that failed with `StorageFull`, if this
+    /// thread may take it and it is still held. Returns whether the write should be
+    /// retried.
     fn release(&self) -> bool {
-        if !self.allowed() {
+        if !allowed_here() {
             return false;
         }
         match self.inner.remove(RESERVE_FILE) {
@@ -97,11 +116,9 @@ impl Reserve {
     }
 
     /// [`Reserve::restore`] if the reserve file was taken (it is missing); a reserve
-    /// still there is left as it is (growing it is the close's work: an operation
-    /// that frees space should not spend the space it freed). Ends
-    /// [`Reserve::allow_until_restored`] either way.
+    /// still there is left as it is (growing it is for a close or a background
+    /// checkpoint: an operation that frees space should not spend the space it freed).
     pub fn restore_if_taken(&self, bytes: u64) -> io::Result<bool> {
-        self.until_restored.store(false, Ordering::SeqCst);
         if self.inner.exists(RESERVE_FILE)? {
             return Ok(true);
         }
@@ -109,11 +126,10 @@ impl Reserve {
     }
 
     /// Allocates the reserve file again, `bytes` long, if it is missing or shorter and
-    /// there is room, and ends [`Reserve::allow_until_restored`]. Returns whether the reserve is
-    /// in place. A full disk is not an error: the partial file is removed (an older,
-    /// shorter reserve is kept) and a later call retries.
+    /// there is room. Returns whether the reserve is in place. A full disk is not an
+    /// error: the partial file is removed (an older, shorter reserve is kept) and a
+    /// later call retries.
     pub fn restore(&self, bytes: u64) -> io::Result<bool> {
-        self.until_restored.store(false, Ordering::SeqCst);
         if self.inner.exists(RESERVE_FILE)? && self.inner.open(RESERVE_FILE)?.len()? >= bytes {
             return Ok(true);
         }
@@ -121,6 +137,8 @@ impl Reserve {
         if self.inner.exists(&tmp)? {
             self.inner.remove(&tmp)?;
         }
+        // Through the file system beneath the wrapper: filling the reserve never
+        // takes the reserve it replaces.
         let filled = (|| {
             let file = self.inner.create(&tmp)?;
             // Written, not just extended: a sparse file would hold nothing back.
@@ -164,8 +182,6 @@ impl ReserveVfs {
     pub fn wrap(inner: Arc<dyn Vfs>) -> (Arc<dyn Vfs>, Arc<Reserve>) {
         let reserve = Arc::new(Reserve {
             inner: inner.clone(),
-            allowances: AtomicUsize::new(0),
-            until_restored: AtomicBool::new(false),
         });
         let vfs = Arc::new(ReserveVfs {
             inner,
@@ -279,6 +295,10 @@ impl Vfs for ReserveVfs {
 
     fn syncs_overlap(&self) -> bool {
         self.inner.syncs_overlap()
+    }
+
+    fn free_bytes(&self) -> Option<u64> {
+        self.inner.free_bytes()
     }
 }
 

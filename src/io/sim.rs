@@ -836,6 +836,11 @@ impl Vfs for SimVfs {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
     }
+
+    fn free_bytes(&self) -> Option<u64> {
+        let inner = self.lock_inner();
+        Some(inner.capacity?.saturating_sub(inner.used_bytes()))
+    }
 }
 
 #[cfg(test)]

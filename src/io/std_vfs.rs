@@ -377,6 +377,33 @@ impl Vfs for StdVfs {
     fn syncs_overlap(&self) -> bool {
         true
     }
+    fn free_bytes(&self) -> Option<u64> {
+        free_bytes_under(&self.dir)
+    }
+}
+
+/// The bytes an unprivileged process can still allocate on the file system holding
+/// `dir` (`statvfs`'s `f_bavail` blocks of `f_frsize` bytes).
+#[cfg(unix)]
+fn free_bytes_under(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `statvfs` is a plain C struct, for which all zeroes is a valid value;
+    // `path` is a valid NUL-terminated string and `stat` a live struct that
+    // `statvfs` fills in; nothing is read from it unless the call succeeds.
+    #[allow(unsafe_code, reason = "statvfs: see SAFETY")]
+    let filled = unsafe {
+        let mut stat: libc::statvfs = std::mem::zeroed();
+        (libc::statvfs(path.as_ptr(), &mut stat) == 0).then_some(stat)
+    };
+    let stat = filled?;
+    #[allow(clippy::useless_conversion, reason = "the fields' widths differ between targets")]
+    Some(u64::from(stat.f_bavail).saturating_mul(u64::from(stat.f_frsize)))
+}
+
+#[cfg(not(unix))]
+fn free_bytes_under(_dir: &Path) -> Option<u64> {
+    None
 }
 
 #[cfg(test)]

@@ -18,8 +18,8 @@
 //! emptied segment only if no append can land in it after its freeze.
 //!
 //! **Spare files.** An emptied segment whose file is at least half a segment long is
-//! not removed but renamed `spare-<id>.dat` (at most `Options::checkpoint_data_bytes`
-//! worth of them, two at least; past that, removed), and the data stream's next segment is made
+//! not removed but renamed `spare-<id>.dat` (at most the data checkpoint threshold's
+//! worth of them, two at least, none on a disk short of space; past that, removed), and the data stream's next segment is made
 //! from the oldest spare: new header, synced, renamed, directory synced. Its appends
 //! then overwrite blocks the file system has allocated and written, which this
 //! machine's disk takes 1.5 times faster than new ones (fio, 2 MiB direct writes:
@@ -27,7 +27,8 @@
 //! which direct writes from several threads can share (ext4 serialises direct
 //! writes that extend a file). Only a stream of whole-page appends takes a spare
 //! (a partial page over old bytes would read them first). Spares are removed at a
-//! close and by `shrink`, and any found at an open (left by a crash) too, so a
+//! close, by `shrink` and `clean`, when a process has written nothing for a
+//! checkpoint interval, and any found at an open (left by a crash) too, so a
 //! store's footprint holds them only while a process writes. PostgreSQL recycles
 //! its WAL segments for the same reasons.
 //!
@@ -96,6 +97,16 @@ fn header_layout_matches_format_md() {
 /// A segment stops taking appends past this size. Big enough that a checkpoint is
 /// one long sequential write, small enough that an emptied segment returns its space.
 pub(crate) const SEGMENT_TARGET_BYTES: u64 = 64 << 20;
+
+/// Appends of data look at the disk's free space once per this many bytes
+/// ([`Segments::check_room`]): a `statvfs` per 4 KiB block would cost more than the
+/// write. Far below the headroom kept, so that what passes unchecked fits in it.
+const ROOM_CHECK_BYTES: u64 = 4 << 20;
+
+/// The least data appended between checkpoints however little space is left
+/// ([`Segments::fit_to_free_space`]): below it, checkpoints would come so often that
+/// their own metadata took more room than they gave back.
+const DATA_CHECKPOINT_MIN_BYTES: u64 = 16 << 20;
 
 /// An append of value extents at least this large goes past the page cache (when the
 /// data segment's end is aligned for it, or can be made so). Smaller ones (a 4 KiB
@@ -434,8 +445,20 @@ pub(crate) struct Segments {
     spares: Mutex<Vec<(String, u64)>>,
     spare_limit: AtomicU64,
     /// Bytes appended to data segments since the last checkpoint's fence: a
-    /// checkpoint threshold (`Options::checkpoint_data_bytes`).
+    /// checkpoint threshold ([`Segments::data_checkpoint_bytes`]).
     data_since_fence: AtomicU64,
+    /// `Options::checkpoint_data_bytes`: the data threshold on a disk with room.
+    data_checkpoint_configured: AtomicU64,
+    /// The data threshold now: the configured one, or less on a disk short of space
+    /// ([`Segments::fit_to_free_space`]).
+    data_checkpoint_bytes: AtomicU64,
+    /// Free bytes that appends of data never take ([`Segments::check_room`]).
+    headroom: AtomicU64,
+    /// The length at which a segment is full: [`SEGMENT_TARGET_BYTES`], or less on a
+    /// disk short of space ([`Segments::fit_to_free_space`]).
+    segment_target: AtomicU64,
+    /// Data bytes staged since the disk's free space was last looked at.
+    staged_since_room_check: AtomicU64,
     read_only: bool,
 }
 
@@ -559,6 +582,12 @@ impl Segments {
             spares: Mutex::new(Vec::new()),
             spare_limit: AtomicU64::new(0),
             data_since_fence: AtomicU64::new(0),
+            data_checkpoint_configured: AtomicU64::new(u64::MAX),
+            data_checkpoint_bytes: AtomicU64::new(u64::MAX),
+            headroom: AtomicU64::new(0),
+            segment_target: AtomicU64::new(SEGMENT_TARGET_BYTES),
+            // The first append looks.
+            staged_since_room_check: AtomicU64::new(ROOM_CHECK_BYTES),
             read_only,
         })
     }
@@ -694,16 +723,27 @@ impl Segments {
     }
 
     /// Creates segment `id` of `kind` with its header, durable, named in a durable
-    /// directory.
+    /// directory. A file created but not finished is removed (nothing is in it): on
+    /// a full disk each failed roll would otherwise leave an empty file behind.
     fn create_segment(&self, id: SegmentId, kind: Kind) -> Result<Arc<dyn VFile>> {
-        let file = self.vfs.create(&id.file_name())?;
-        if kind == Kind::General {
-            file.reads_are_random();
+        let name = id.file_name();
+        let file = self.vfs.create(&name)?;
+        let finished = (|| {
+            if kind == Kind::General {
+                file.reads_are_random();
+            }
+            file.write_all_at(&Self::header(id, kind), 0)?;
+            file.sync().inspect_err(|e| self.note_sync_failure(e))?;
+            self.vfs.sync_dir()
+        })();
+        match finished {
+            Ok(()) => Ok(file),
+            Err(e) => {
+                drop(file);
+                let _ = self.vfs.remove(&name);
+                Err(e.into())
+            }
         }
-        file.write_all_at(&Self::header(id, kind), 0)?;
-        file.sync().inspect_err(|e| self.note_sync_failure(e))?;
-        self.vfs.sync_dir()?;
-        Ok(file)
     }
 
     /// A new segment `id` of `kind`, durable and named in a durable directory, and how
@@ -718,11 +758,7 @@ impl Segments {
         }
         match self.create_segment(id, kind) {
             // The spares' space is the store's to use: given back, and one more try.
-            Err(Error::Io(e))
-                if e.kind() == std::io::ErrorKind::StorageFull && self.spare_count() > 0 =>
-            {
-                // The file may have been made before the disk filled: nothing is in it.
-                let _ = self.vfs.remove(&id.file_name());
+            Err(e) if e.is_storage_full() && self.spare_count() > 0 => {
                 self.discard_spares()?;
                 Ok((self.create_segment(id, kind)?, SEGMENT_HEADER_SIZE))
             }
@@ -770,17 +806,137 @@ impl Segments {
     }
 
     /// Keeps at most `files` spare files from now on (module docs, "Spare files").
+    #[cfg(test)]
     pub(crate) fn set_spare_limit(&self, files: u64) {
         self.spare_limit.store(files, Ordering::Relaxed);
     }
 
+    /// Sets the data checkpoint threshold (`Options::checkpoint_data_bytes`) and fits
+    /// it, and the spare files kept, to the free space ([`Segments::fit_to_free_space`]).
+    pub(crate) fn set_data_checkpoint_bytes(&self, bytes: u64) {
+        self.data_checkpoint_configured
+            .store(bytes, Ordering::Relaxed);
+        self.fit_to_free_space();
+    }
+
+    /// The bytes the store can still write, if known: the disk's free space and the
+    /// spare files (reused before anything else).
+    pub(crate) fn room(&self) -> Option<u64> {
+        let free = self.vfs.free_bytes()?;
+        let spare: u64 = lock(&self.spares).iter().map(|(_, len)| len).sum();
+        Some(free.saturating_add(spare))
+    }
+
+    /// Whether the disk is short of space: the data checkpoint threshold had to be
+    /// lowered ([`Segments::fit_to_free_space`]).
+    pub(crate) fn short_of_space(&self) -> bool {
+        self.data_checkpoint_bytes() < self.data_checkpoint_configured.load(Ordering::Relaxed)
+    }
+
+    /// Refuses an append of `len` bytes of data that would leave the disk with less
+    /// than the headroom free ([`Segments::fit_to_free_space`]), with `StorageFull`,
+    /// before anything is staged. The headroom is for the work that gives space
+    /// back: the checkpoints that delete the segments overwritten data emptied (and
+    /// the reserve file they may spend, restored after them), and the cleaner's
+    /// moves. Without it the data a client writes as fast as it can takes every
+    /// byte a checkpoint frees, the next checkpoint finds the disk full, and the
+    /// store is stuck: nothing can be freed without writing first. ZFS keeps its
+    /// "slop space" from data writes for the same reason. Looks at the disk once per
+    /// [`ROOM_CHECK_BYTES`] (and at every append while it is short).
+    fn check_room(&self, len: u64) -> Result<()> {
+        let staged = self
+            .staged_since_room_check
+            .fetch_add(len, Ordering::Relaxed)
+            + len;
+        if staged < ROOM_CHECK_BYTES {
+            return Ok(());
+        }
+        let Some(room) = self.room() else {
+            self.staged_since_room_check.store(0, Ordering::Relaxed);
+            return Ok(());
+        };
+        self.fit_thresholds(Some(room));
+        let headroom = self.headroom.load(Ordering::Relaxed);
+        if room < headroom.saturating_add(len) {
+            #[expect(clippy::cast_precision_loss, reason = "a size in a message")]
+            let mib = |n: u64| n as f64 / f64::from(1 << 20);
+            return Err(Error::Io(std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                format!(
+                    "the disk is nearly full: {:.1} MiB free, and the store keeps \
+                     {:.1} MiB of it for the checkpoints and cleaning that give space \
+                     back (drop a version or volume, or free space on the disk)",
+                    mib(room),
+                    mib(headroom)
+                ),
+            )));
+        }
+        self.staged_since_room_check.store(0, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Bytes of data appended after which a checkpoint is due.
+    pub(crate) fn data_checkpoint_bytes(&self) -> u64 {
+        self.data_checkpoint_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Fits the data checkpoint threshold to the space left on the disk, and the
+    /// spare files kept to the threshold (module docs, "Spare files"; none when the
+    /// disk is short of space). Called at the open and after each checkpoint.
+    ///
+    /// Space that data overwrote comes back only through checkpoints: the one after
+    /// the overwrite finds its segment empty, the one after that deletes it. So a
+    /// store that overwrites `T` bytes between checkpoints holds up to about `2T` of
+    /// dead data on top of its live data. With the configured 1 GiB, a volume
+    /// overwritten on a disk with less than ~2 GiB free would fill it with dead
+    /// segments before the first checkpoint came. The threshold is therefore at most
+    /// a quarter of the free space (spare files count as free: they are reused
+    /// first), and never below [`DATA_CHECKPOINT_MIN_BYTES`].
+    ///
+    /// It also sets the headroom that appends of data leave free
+    /// ([`Segments::check_room`]): twice the reserve the store's size calls for.
+    pub(crate) fn fit_to_free_space(&self) {
+        let segment_bytes = self.sizes().map_or(0, |s| s.iter().map(|(_, n)| n).sum());
+        self.headroom
+            .store(2 * crate::io::reserve_for(segment_bytes), Ordering::Relaxed);
+        self.fit_thresholds(self.room());
+    }
+
+    /// [`Segments::fit_to_free_space`] but the headroom, for `room` bytes left (also
+    /// called by each look at the disk, [`Segments::check_room`]: the disk may fill
+    /// from elsewhere between checkpoints).
+    fn fit_thresholds(&self, room: Option<u64>) {
+        let configured = self.data_checkpoint_configured.load(Ordering::Relaxed);
+        let bytes = match room {
+            Some(room) => (room / 4).max(DATA_CHECKPOINT_MIN_BYTES).min(configured),
+            None => configured,
+        };
+        self.data_checkpoint_bytes.store(bytes, Ordering::Relaxed);
+        // Short of space, the space of emptied segments goes back to the disk: a
+        // spare would hold it for appends that may come only after the disk filled.
+        let short = bytes < configured;
+        let spares = match short {
+            true => 0,
+            false => (bytes / SEGMENT_TARGET_BYTES).max(2),
+        };
+        self.spare_limit.store(spares, Ordering::Relaxed);
+        // Short of space, segments are smaller too: a segment comes back only once
+        // all of it is dead (or the cleaner moved the rest out, which takes room), and
+        // 64 MiB segments on a disk with 100 MiB left would hold most of it.
+        let target = match short {
+            true => (bytes / 2).clamp(SEGMENT_HEADER_SIZE + (4 << 20), SEGMENT_TARGET_BYTES),
+            false => SEGMENT_TARGET_BYTES,
+        };
+        self.segment_target.store(target, Ordering::Relaxed);
+    }
+
     /// Removes every spare file, durably (a close, a shrink: the store's footprint is
-    /// then its segments). Tries them all; the first error, if any (a spare left is
-    /// removed by the next open).
-    pub(crate) fn discard_spares(&self) -> Result<()> {
+    /// then its segments), and returns the bytes they held. Tries them all; the first
+    /// error, if any (a spare left is removed by the next open).
+    pub(crate) fn discard_spares(&self) -> Result<u64> {
         let spares = std::mem::take(&mut *lock(&self.spares));
         if spares.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         let removed: std::io::Result<()> = spares
             .iter()
@@ -788,7 +944,7 @@ impl Segments {
             .fold(Ok(()), Result::and);
         removed?;
         self.vfs.sync_dir()?;
-        Ok(())
+        Ok(spares.iter().map(|(_, len)| len).sum())
     }
 
     /// The number of spare files held now.
@@ -824,9 +980,13 @@ impl Segments {
         if self.read_only {
             return Ok(());
         }
-        let due = SEGMENT_TARGET_BYTES / 4 * 3;
+        let target = self.segment_target();
+        let due = target / 4 * 3;
+        // (Not on a disk short of space, whose segments are smaller: the zeros would
+        // take space ahead of need.)
         let synced_often = self.zeros_ahead.load(Ordering::Relaxed)
-            && self.sync_gap.load(Ordering::Relaxed) <= ZEROS_SYNC_GAP;
+            && self.sync_gap.load(Ordering::Relaxed) <= ZEROS_SYNC_GAP
+            && target == SEGMENT_TARGET_BYTES;
         let (small, page_whole, zeros_due) = {
             let app = self.appender(Kind::Data);
             if app.active.is_none() || app.end < due {
@@ -837,7 +997,7 @@ impl Segments {
             // eighth of the segment to go), a chunk every so many commits rather than
             // all of them in the first commits' way.
             let pace = (app.end - due) * 8 + 2 * ZERO_CHUNK as u64;
-            (app.small, app.page_whole, pace.min(SEGMENT_TARGET_BYTES))
+            (app.small, app.page_whole, pace.min(target))
         };
         let Ok(mut slot) = self.prepared.try_lock() else {
             return Ok(()); // another committer is preparing it
@@ -871,7 +1031,7 @@ impl Segments {
                     z
                 });
                 let to = (p.zeroed / ZERO_CHUNK as u64 + 1) * ZERO_CHUNK as u64;
-                let to = to.min(SEGMENT_TARGET_BYTES);
+                let to = to.min(target);
                 // Up to the first aligned offset through the page cache (the header's
                 // page), the rest past it.
                 let aligned = p.zeroed.next_multiple_of(DIRECT_ALIGN as u64).min(to);
@@ -888,7 +1048,7 @@ impl Segments {
                 p.synced = false;
                 Ok(())
             }
-            Some(p) if !p.synced && p.zeroed >= SEGMENT_TARGET_BYTES => {
+            Some(p) if !p.synced && p.zeroed >= target => {
                 p.file.sync().inspect_err(|e| self.note_sync_failure(e))?;
                 p.synced = true;
                 Ok(())
@@ -897,8 +1057,14 @@ impl Segments {
         }
     }
 
+    /// The length at which a segment is full (see the field).
+    fn segment_target(&self) -> u64 {
+        self.segment_target.load(Ordering::Relaxed)
+    }
+
     /// Makes sure `app` has an active segment with room for `len` more bytes.
     fn ensure_active(&self, app: &mut Appender, len: u64) -> Result<()> {
+        let target = self.segment_target();
         if app.active.is_none() {
             // After open: continue the newest segment of this stream's kind if it has
             // its whole header and room (never over anything already there: a crash
@@ -906,7 +1072,7 @@ impl Segments {
             if let Some(id) = app.resume.take() {
                 if let Some(file) = self.file(id).filter(|_| !self.unwritten.contains(&id)) {
                     let end = file.len()?.max(SEGMENT_HEADER_SIZE);
-                    if end + len <= SEGMENT_TARGET_BYTES {
+                    if end + len <= target {
                         app.active = Some((id, file));
                         app.end = end;
                         return Ok(());
@@ -915,7 +1081,7 @@ impl Segments {
             }
             return self.roll(app);
         }
-        if app.end > SEGMENT_HEADER_SIZE && app.end + len > SEGMENT_TARGET_BYTES {
+        if app.end > SEGMENT_HEADER_SIZE && app.end + len > target {
             return self.roll(app);
         }
         Ok(())
@@ -1020,6 +1186,7 @@ impl Segments {
         assert!(!self.read_only, "append on a read-only store");
         assert!(!values.is_empty(), "staging no values");
         let total: usize = values.iter().map(|v| v.len()).sum();
+        self.check_room(total as u64)?;
         let direct = total >= DIRECT_MIN_BYTES;
         let in_place = run.filter(|run| {
             direct

@@ -114,8 +114,13 @@ impl Outgoing {
 }
 
 /// Writes zeros past the end of `file` if a write up to `end` would grow it (see
-/// [`ZEROS_AHEAD_BYTES`]). A full disk leaves the file to grow with its records.
+/// [`ZEROS_AHEAD_BYTES`]). A full disk leaves the file to grow with its records
+/// (the zeros never take the reserve: a drop's record needs only its own bytes).
 fn zeros_ahead(file: &dyn VFile, end: u64) -> Result<()> {
+    crate::io::without_reserve(|| write_zeros_ahead(file, end))
+}
+
+fn write_zeros_ahead(file: &dyn VFile, end: u64) -> Result<()> {
     let len = file.len()?;
     if end <= len {
         return Ok(());
@@ -506,7 +511,8 @@ impl Wal {
             f
         } else {
             let f = self.vfs.create(&name)?;
-            match f.write_all_at(&vec![0u8; PREALLOC_BYTES], 0) {
+            let zeros = vec![0u8; PREALLOC_BYTES];
+            match crate::io::without_reserve(|| f.write_all_at(&zeros, 0)) {
                 // A nearly full disk: grow the file as records come instead,
                 // so that a drop's small record still fits.
                 Err(e) if e.kind() == std::io::ErrorKind::StorageFull => f.set_len(0)?,
