@@ -375,6 +375,9 @@ pub enum VolumeCommand {
 /// optionally followed by "iB" or "B"), e.g. `10G`, `4KiB`, `1.5T`.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
+    if t.starts_with('-') {
+        return Err(format!("{s:?} is negative: a size is 0 or more bytes"));
+    }
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
@@ -399,13 +402,16 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         }
     };
     let bad = || format!("{s:?} is not a size (e.g. 512, 4K, 10G)");
+    let too_large = || format!("{s:?} is too large (at most 16 EiB - 1)");
     let bytes = if let Ok(n) = number.parse::<u64>() {
-        n.checked_mul(1u64 << shift)
-            .ok_or_else(|| format!("{s:?} is too large"))?
+        n.checked_mul(1u64 << shift).ok_or_else(too_large)?
     } else {
         let x: f64 = number.parse().map_err(|_| bad())?;
         let v = x * (1u64 << shift) as f64;
-        if !(v.is_finite() && v >= 0.0 && v < u64::MAX as f64 && v.fract() == 0.0) {
+        if v.is_finite() && v >= u64::MAX as f64 {
+            return Err(too_large());
+        }
+        if !(v.is_finite() && v >= 0.0 && v.fract() == 0.0) {
             return Err(format!("{s:?} is not a whole number of bytes"));
         }
         v as u64
@@ -461,4 +467,26 @@ fn parse_segment(s: &str) -> Result<u32, String> {
         None => s.parse(),
     };
     parsed.map_err(|_| format!("{s:?} is not a segment number"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_parse_and_bad_ones_say_what_is_wrong() {
+        assert_eq!(parse_size("512"), Ok(512));
+        assert_eq!(parse_size("4K"), Ok(4096));
+        assert_eq!(parse_size("10GiB"), Ok(10 << 30));
+        assert_eq!(parse_size("1.5G"), Ok(3 << 29));
+        let err = |s: &str| parse_size(s).unwrap_err();
+        assert!(err("-1").contains("negative"), "{}", err("-1"));
+        assert!(err("-4K").contains("negative"));
+        assert!(err("99999999999999999999999").contains("too large"));
+        assert!(err("20E").contains("too large"));
+        assert!(err("1e30").contains("too large") || err("1e30").contains("suffix"));
+        assert!(err("0.3").contains("whole number"));
+        assert!(err("10X").contains("suffix"));
+        assert!(err("").contains("not a size"));
+    }
 }

@@ -36,6 +36,14 @@ pub fn serve(
     poll_max: Duration,
     zeros_ahead: bool,
 ) -> CliResult {
+    // First, so that a SIGTERM or SIGINT while the store opens (a long recovery) or
+    // the server binds is held until the server runs, which then stops cleanly at
+    // once, rather than ending the process as the default action would.
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])
+    .map_err(|e| CliError::failure(format!("installing signal handlers: {e}")))?;
     let opts = Options {
         lock_wait: lock_wait(),
         data_zeros_ahead: zeros_ahead,
@@ -69,11 +77,6 @@ pub fn serve(
     let control = Control::start(dir, store.clone())?;
     let stop = server.shutdown_handle();
     let cutoff = control.cutoff.clone();
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGINT,
-    ])
-    .map_err(|e| CliError::failure(format!("installing signal handlers: {e}")))?;
     let signal_handle = signals.handle();
     let watcher = std::thread::spawn(move || {
         let mut received = signals.forever();

@@ -397,7 +397,10 @@ fn free_bytes_under(dir: &Path) -> Option<u64> {
         (libc::statvfs(path.as_ptr(), &mut stat) == 0).then_some(stat)
     };
     let stat = filled?;
-    #[allow(clippy::useless_conversion, reason = "the fields' widths differ between targets")]
+    #[allow(
+        clippy::useless_conversion,
+        reason = "the fields' widths differ between targets"
+    )]
     Some(u64::from(stat.f_bavail).saturating_mul(u64::from(stat.f_frsize)))
 }
 
