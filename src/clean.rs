@@ -196,6 +196,30 @@ pub(crate) fn auto_clean(shared: &Shared) -> Result<bool> {
     Ok(true)
 }
 
+/// After a drop's space came back (its nodes freed, the segments it emptied
+/// deleted): cleans the segments it left at least half dead, moving at most
+/// `AUTO_CLEAN_MAX_MOVED`. A dropped volume whose blocks shared segments with other
+/// volumes' (written at the same time) leaves them partly dead, which the
+/// store-wide threshold of [`auto_clean`] may never reach; moving a segment at least
+/// half dead costs at most the space it gives back.
+pub(crate) fn clean_after_drop(shared: &Shared) -> Result<()> {
+    // After any cleaner at it now (the background thread's): it may have cleaned
+    // something else, not these.
+    let _one_at_a_time = lock(&shared.cleaning);
+    let _allowed = crate::io::allow_reserve();
+    clean_at_most(
+        shared,
+        0.0,
+        AUTO_CLEAN_MAX_MOVED,
+        Some(HALF_DEAD),
+        &mut |_, _| {},
+    )?;
+    Ok(())
+}
+
+/// `min_dead_ratio` for segments at least half dead.
+const HALF_DEAD: u64 = 2;
+
 /// [`clean`], stopping after the round that passes `max_moved` live bytes. On a disk
 /// short of space it cleans only segments whose live bytes fit, together, in what
 /// the disk has left (and the part of the reserve a checkpoint does not need): a

@@ -394,7 +394,8 @@ impl Store {
     /// Brings back the space of dropped versions now, as a close does: their nodes
     /// freed ([`Store::finish_drops`]), the data stream moved on from its segment
     /// (which may hold their blocks: an active segment is never deleted), then
-    /// checkpoints until the segments emptied are deleted. For a process that keeps
+    /// checkpoints until the segments emptied are deleted, then cleans the segments
+    /// they left at least half dead (`clean::clean_after_drop`). For a process that keeps
     /// the store open (a server): `cambium drop` through it returns with the space
     /// free, as it does on its own. On a full disk it may use the reserve.
     pub fn reclaim_dropped(&self) -> Result<()> {
@@ -410,6 +411,7 @@ impl Store {
         if checkpoint::deletions_wait_for_next_generation(&self.shared) {
             checkpoint::run(&self.shared, None)?;
         }
+        clean::clean_after_drop(&self.shared)?;
         // The space is the user's, not the next segments' to reuse.
         self.shared.segments.discard_spares()?;
         drop(allowed);
@@ -582,7 +584,8 @@ fn shutdown(shared: &Shared, reserve: &Reserve) -> Result<()> {
     // is used for (the CLI opens it for one command at a time).
     // Freeing space: on a full disk it may use the reserve (until the end of the
     // closing checkpoints, which give the space back).
-    let _allowed = (!lock(&shared.writer).drop_queue.is_empty()).then(crate::io::allow_reserve);
+    let dropped = !lock(&shared.writer).drop_queue.is_empty();
+    let _allowed = dropped.then(crate::io::allow_reserve);
     versions::finish_drops(shared)?;
     if shared.has_unwritten() {
         checkpoint::run(shared, None)?;
@@ -592,6 +595,9 @@ fn shutdown(shared: &Shared, reserve: &Reserve) -> Result<()> {
     // rather than in some later process.
     if checkpoint::deletions_wait_for_next_generation(shared) {
         checkpoint::run(shared, None)?;
+    }
+    if dropped {
+        clean::clean_after_drop(shared)?;
     }
     // What `versions()` learnt, for the next process (a hint; failure is harmless).
     let _ = subtree_memo::save(shared);

@@ -617,3 +617,60 @@ fn defrag_writer_pauses() {
         p.commit, p.snapshot, p.commits, p.snapshots
     );
 }
+
+/// Two volumes written at the same time share their data segments; dropping one
+/// leaves them half dead, under the store-wide threshold of the automatic cleaner
+/// (more than half the segment bytes dead). The drop cleans them: the space comes
+/// back, and the other volume reads the same. Both ways a drop runs: in a process
+/// of its own (the CLI's, on close) and through a store that stays open (a server's
+/// `reclaim_dropped`).
+#[test]
+fn a_drop_gives_back_the_space_of_segments_it_left_half_dead() {
+    use cambium::volume::Volume;
+    use cambium::Durability;
+    for served in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let store = Store::create(&path).unwrap();
+        let a = Volume::create(&store, "a", 16 << 20, 4096).unwrap();
+        let b = Volume::create(&store, "b", 16 << 20, 4096).unwrap();
+        let mut rng = Rng::new(5);
+        let mut image = Vec::new();
+        for i in 0..16u64 {
+            let block = rng.bytes(1 << 20);
+            a.write_at(i << 20, &block, Durability::Deferred).unwrap();
+            image.extend_from_slice(&block);
+            b.write_at(i << 20, &rng.bytes(1 << 20), Durability::Deferred)
+                .unwrap();
+        }
+        drop((a, b));
+        store.close().unwrap();
+        let store = Store::open(&path).unwrap();
+        let before = store.stats().unwrap();
+        Volume::drop_volume(&store, "b").unwrap();
+        let store = if served {
+            store.reclaim_dropped().unwrap();
+            store
+        } else {
+            store.close().unwrap();
+            Store::open(&path).unwrap()
+        };
+        let after = store.stats().unwrap();
+        assert!(
+            after.dead_bytes * 10 < after.segment_bytes,
+            "served {served}: {} dead of {} (before the drop: {} of {})",
+            after.dead_bytes,
+            after.segment_bytes,
+            before.dead_bytes,
+            before.segment_bytes
+        );
+        assert!(after.segment_bytes < before.segment_bytes * 6 / 10);
+        let a = Volume::open(&store, "a").unwrap();
+        let mut back = vec![0u8; image.len()];
+        a.read_at(0, &mut back).unwrap();
+        assert!(back == image, "served {served}: a reads the same");
+        drop(a);
+        assert!(store.verify().unwrap().is_clean());
+        store.close().unwrap();
+    }
+}
