@@ -168,14 +168,28 @@ pub(crate) fn nothing_to_write(durable_lsn: Lsn, w: &WriterState) -> bool {
 }
 
 /// Asks for a checkpoint: wakes the background thread, or runs one here when the
-/// store runs without one.
+/// store runs without one (and the disk has room for it: [`has_room`]).
 pub(crate) fn request(shared: &Shared) -> Result<()> {
     if shared.opts.background_checkpoints {
         shared.signal(|work| work.checkpoint = true);
         Ok(())
-    } else {
+    } else if has_room(shared) {
         run(shared, None)
+    } else {
+        Ok(())
     }
+}
+
+/// Whether a checkpoint that is not required now may run: always on a thread that
+/// may use the reserve; otherwise only with at least the reserve's size free
+/// (`Segments::room_for_metadata`). A checkpoint that fails poisons the store (what
+/// it wrote is not undone), so on a disk another process filled, a checkpoint the
+/// store could put off (an interval's, a close's) waits for room instead of running
+/// into the full disk: the commits stay in the log meanwhile, and the store
+/// writable. (A server whose disk filled for a moment used to be stuck until it was
+/// restarted.)
+pub(crate) fn has_room(shared: &Shared) -> bool {
+    crate::io::reserve_allowed_here() || shared.segments.room_for_metadata()
 }
 
 fn freeze(shared: &Shared, w: &mut WriterState, durable: &mut Durable) -> Result<Frozen> {

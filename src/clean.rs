@@ -184,8 +184,6 @@ pub(crate) fn auto_clean(shared: &Shared) -> Result<bool> {
         true => (room / 2) as f64 / total.max(1) as f64,
         false => 1.0,
     };
-    // Short of space, cleaning is how space comes back: it may use the reserve.
-    let _allowed = short.then(crate::io::allow_reserve);
     clean_at_most(
         shared,
         (percent / 200.0).min(dead_below),
@@ -222,8 +220,9 @@ const HALF_DEAD: u64 = 2;
 
 /// [`clean`], stopping after the round that passes `max_moved` live bytes. On a disk
 /// short of space it cleans only segments whose live bytes fit, together, in what
-/// the disk has left (and the part of the reserve a checkpoint does not need): a
-/// segment moved in part frees nothing, and the moves would fill the disk.
+/// the disk has left (and, on a thread that may use the reserve, the part of it a
+/// checkpoint does not need): a segment moved in part frees nothing, and the moves
+/// would fill the disk.
 fn clean_at_most(
     shared: &Shared,
     dead_below: f64,
@@ -241,7 +240,10 @@ fn clean_at_most(
     settle_deletions(shared)?;
     let fit = shared.segments.room().map_or(u64::MAX, |room| {
         let total = before.iter().map(|(_, n)| n).sum();
-        room.saturating_add(crate::io::reserve_for(total) / 2)
+        match crate::io::reserve_allowed_here() {
+            true => room.saturating_add(crate::io::reserve_for(total) / 2),
+            false => room,
+        }
     });
     let victims = choose_victims(shared, dead_below, fit, min_dead_ratio)?;
     let total: u64 = victims.iter().map(|s| s.live).sum();

@@ -336,16 +336,20 @@ impl Store {
             drop(lock(&shared.making_room));
             return Ok(());
         };
-        let _allowed = crate::io::allow_reserve();
         shared.segments.discard_spares()?;
-        if shared.has_unwritten() {
+        // Checkpoints free space only if data was overwritten since the last one (the
+        // segments it emptied): then they may use the reserve. Otherwise (a disk
+        // another process filled) one would spend it and free nothing.
+        let allowed = (shared.segments.data_since_fence() > 0).then(crate::io::allow_reserve);
+        if shared.has_unwritten() && checkpoint::has_room(shared) {
             checkpoint::run(shared, None)?;
         }
-        if checkpoint::deletions_wait_for_next_generation(shared) {
+        if checkpoint::deletions_wait_for_next_generation(shared) && checkpoint::has_room(shared) {
             checkpoint::run(shared, None)?;
         }
+        drop(allowed);
         // Its moves are durable, and the segments they emptied deleted, when it
-        // returns.
+        // returns. (Without the reserve: moves free space only later.)
         clean::auto_clean(shared)?;
         Ok(())
     }
@@ -587,13 +591,15 @@ fn shutdown(shared: &Shared, reserve: &Reserve) -> Result<()> {
     let dropped = !lock(&shared.writer).drop_queue.is_empty();
     let _allowed = dropped.then(crate::io::allow_reserve);
     versions::finish_drops(shared)?;
-    if shared.has_unwritten() {
+    // On a disk some other process filled, the closing checkpoints are put off
+    // (`checkpoint::has_room`): the log holds every commit, the next open replays it.
+    if shared.has_unwritten() && checkpoint::has_room(shared) {
         checkpoint::run(shared, None)?;
     }
     // Segments emptied by the last checkpoint wait for one more generation (the
     // fallback slot still reaches them): a tiny delta checkpoint releases them now
     // rather than in some later process.
-    if checkpoint::deletions_wait_for_next_generation(shared) {
+    if checkpoint::deletions_wait_for_next_generation(shared) && checkpoint::has_room(shared) {
         checkpoint::run(shared, None)?;
     }
     if dropped {
@@ -677,6 +683,10 @@ fn background_loop(
             // One for the data deletes the segments it emptied: on a full disk it may
             // use the reserve.
             let allowed = for_data.then(crate::io::allow_reserve);
+            if !checkpoint::has_room(&shared) {
+                // Put off until the disk has room (a later interval, or a write).
+                continue;
+            }
             let _ = checkpoint::run(&shared, None);
             drop(allowed);
             // Cleaning after a checkpoint: the usage table it reads is fresh. Not after

@@ -218,3 +218,47 @@ fn data_writes_stop_short_of_the_headroom() {
     let store = open_sim(&vfs).unwrap();
     assert!(store.verify().unwrap().is_clean());
 }
+
+/// A disk that another process fills for a moment: the checkpoints the store can put
+/// off (an interval's in the background, a close's) wait for room instead of
+/// failing into it, which poisoned the store for good (a server stayed stuck after
+/// the space came back, until restarted). Commits go on meanwhile, in the log.
+#[test]
+fn checkpoints_that_can_wait_wait_for_room() {
+    let vfs = SimVfs::new();
+    let opts = || cambium::Options {
+        background_checkpoints: true,
+        checkpoint_interval: Some(std::time::Duration::from_millis(20)),
+        ..sim_options(&vfs)
+    };
+    let store = Store::create_with(SIM_PATH, opts()).unwrap();
+    let mut model = Model::new();
+    let mut rng = Rng::new(13);
+    let mut put = |store: &Store, i: usize| {
+        let (key, value) = (format!("k{i:05}").into_bytes(), rng.bytes(200));
+        store.put(&key, &value).unwrap();
+        model.insert(key, value);
+    };
+    for i in 0..50 {
+        put(&store, i);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    put(&store, 50);
+    // Full: the interval checkpoints find no room and wait.
+    vfs.set_capacity(Some(vfs.used_bytes()));
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    put(&store, 51);
+    // Room again: the store was never poisoned.
+    vfs.set_capacity(None);
+    put(&store, 52);
+    store.checkpoint().unwrap();
+    // And a close on a full disk puts its checkpoint off too: the log has it all.
+    put(&store, 53);
+    vfs.set_capacity(Some(vfs.used_bytes()));
+    store.close().unwrap();
+    vfs.set_capacity(None);
+    let store = Store::open_with(SIM_PATH, opts()).unwrap();
+    let got = dump(&store.read().unwrap()).unwrap();
+    assert!(diff(&got, &model).is_none(), "{:?}", diff(&got, &model));
+    assert!(store.verify().unwrap().is_clean());
+}

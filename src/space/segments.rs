@@ -103,6 +103,14 @@ pub(crate) const SEGMENT_TARGET_BYTES: u64 = 64 << 20;
 /// write. Far below the headroom kept, so that what passes unchecked fits in it.
 const ROOM_CHECK_BYTES: u64 = 4 << 20;
 
+/// Whether a data checkpoint threshold of `bytes`, fitted to the free space, means
+/// the disk is short of it: under a quarter of the `configured` one (with the
+/// default 1 GiB, under 1 GiB left). Only then are spare files given up and the
+/// cleaner run after every checkpoint: a disk with a few GiB free loses neither.
+fn is_short(bytes: u64, configured: u64) -> bool {
+    bytes < configured / 4
+}
+
 /// The least data appended between checkpoints however little space is left
 /// ([`Segments::fit_to_free_space`]): below it, checkpoints would come so often that
 /// their own metadata took more room than they gave back.
@@ -827,10 +835,20 @@ impl Segments {
         Some(free.saturating_add(spare))
     }
 
+    /// Whether the disk has at least half the headroom free (the reserve's size):
+    /// room for a checkpoint's metadata without the reserve (`checkpoint::has_room`).
+    pub(crate) fn room_for_metadata(&self) -> bool {
+        let half = self.headroom.load(Ordering::Relaxed) / 2;
+        self.room().is_none_or(|room| room >= half)
+    }
+
     /// Whether the disk is short of space: the data checkpoint threshold had to be
-    /// lowered ([`Segments::fit_to_free_space`]).
+    /// lowered to under a quarter of the configured one ([`is_short`]).
     pub(crate) fn short_of_space(&self) -> bool {
-        self.data_checkpoint_bytes() < self.data_checkpoint_configured.load(Ordering::Relaxed)
+        is_short(
+            self.data_checkpoint_bytes(),
+            self.data_checkpoint_configured.load(Ordering::Relaxed),
+        )
     }
 
     /// Refuses an append of `len` bytes of data that would leave the disk with less
@@ -914,7 +932,7 @@ impl Segments {
         self.data_checkpoint_bytes.store(bytes, Ordering::Relaxed);
         // Short of space, the space of emptied segments goes back to the disk: a
         // spare would hold it for appends that may come only after the disk filled.
-        let short = bytes < configured;
+        let short = is_short(bytes, configured);
         let spares = match short {
             true => 0,
             false => (bytes / SEGMENT_TARGET_BYTES).max(2),

@@ -67,6 +67,11 @@ struct State {
     file_end: u64,
     /// Records appended but not yet written.
     buf: Vec<u8>,
+    /// A record not yet written was appended by a thread that may use the reserve
+    /// (a drop's): whichever thread writes it may too. The write of a group is the
+    /// leader's, which may be a client's commit thread: without this, a drop's record
+    /// on a full disk failed the log for good when another thread led its group.
+    reserve_allowed: bool,
     /// Records of this generation were written out ([`Wal::write_out`]) and not
     /// synced since: a rotation must leave a tail even with `buf` empty, so that
     /// they are synced before any record of the next generation.
@@ -187,6 +192,7 @@ impl Wal {
             file_end: 0,
             buf: Vec::new(),
             written_unsynced: false,
+            reserve_allowed: false,
             last_lsn,
             synced_lsn: last_lsn,
             sync_in_flight: false,
@@ -235,6 +241,7 @@ impl Wal {
             kind: rec.kind(),
         };
         record::encode(&mut st.buf, gen, header, &rec.payload());
+        st.reserve_allowed |= crate::io::reserve_allowed_here();
         let added = (st.buf.len() - before) as u64;
         st.bytes_since_checkpoint += added;
         st.gen_bytes += added;
@@ -302,10 +309,12 @@ impl Wal {
             // (their records form the next group). That includes making the
             // generation's file at its first write (a rename and a directory sync, or
             // 4 MiB of zeros): every committer would otherwise wait for it.
+            let allowed = std::mem::take(&mut st.reserve_allowed).then(crate::io::allow_reserve);
             drop(st);
             let result = self.file_of(&out).and_then(|file| {
                 self.write_and_sync(&*file, out.at, &mut out.buf, gen, segments, rotated, values)
             });
+            drop(allowed);
             st = self.lock();
             st.sync_in_flight = false;
             // Published before any committer waiting on this sync returns: a reader in
@@ -403,10 +412,12 @@ impl Wal {
         st.sync_in_flight = true;
         st.written_unsynced = true;
         let out = Outgoing::take(&mut st);
+        let allowed = std::mem::take(&mut st.reserve_allowed).then(crate::io::allow_reserve);
         drop(st);
         let result = self
             .file_of(&out)
             .and_then(|file| Ok(file.write_all_at(&out.buf, out.at)?));
+        drop(allowed);
         self.end_in_flight(result)
     }
 
