@@ -490,7 +490,7 @@ fn rounds(victims: &[SegmentUse], round_bytes: u64) -> Vec<Vec<Piece>> {
 /// older, colder data is moved before data that may still die on its own. Segments
 /// are taken until the dead bytes left would be below `dead_below` of the total;
 /// with `min_dead_ratio`, only those at least 1 / it dead; and only as many as fit
-/// in `fit` bytes of moves.
+/// in `fit` bytes of moves (only those at least half dead, when not all would).
 fn choose_victims(
     shared: &Shared,
     dead_below: f64,
@@ -513,6 +513,14 @@ fn choose_victims(
             ((1.0 - u) * age / (1.0 + u), s)
         })
         .collect();
+    // When the room left cannot take every candidate's live bytes, only segments at
+    // least half dead: moving one then costs no more room than it gives back. (With
+    // the room the only limit, a clean on a full disk took any segment that fit and
+    // kept rewriting the small one its last run wrote, reporting space freed while
+    // the footprint stayed.)
+    if candidates.iter().map(|(_, s)| s.live).sum::<u64>() > fit {
+        candidates.retain(|(_, s)| s.dead() >= s.live);
+    }
     candidates.sort_by(|a, b| b.0.total_cmp(&a.0));
     let mut victims = Vec::new();
     for (_, s) in candidates {
