@@ -169,6 +169,11 @@ pub(crate) fn auto_clean(shared: &Shared) -> Result<bool> {
     let Ok(_one_at_a_time) = shared.cleaning.try_lock() else {
         return Ok(false);
     };
+    // Its moves end in checkpoints, which would fail (and poison the store) on a
+    // disk without room for their metadata: put off, as such checkpoints are.
+    if !checkpoint::has_room(shared) {
+        return Ok(false);
+    }
     let segments = segment_uses(shared)?;
     let total: u64 = segments.iter().map(|s| s.size).sum();
     let dead: u64 = segments.iter().map(SegmentUse::dead).sum();
