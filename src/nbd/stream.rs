@@ -19,6 +19,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -38,8 +39,6 @@ pub(super) struct Stream {
     poll_window: Duration,
     /// Set by [`Stream::poll_next_read`]: the next read may poll before sleeping.
     poll_armed: bool,
-    /// Set by [`Stream::retry_blocked_writes`].
-    retry_blocked_writes: bool,
     /// [`Stream::set_stall_timeout`]'s: the socket's read timeout, outside the wait
     /// for a new request.
     stall_timeout: Option<Duration>,
@@ -59,7 +58,6 @@ impl From<UnixStream> for Stream {
             poll_max: Duration::ZERO,
             poll_window: Duration::ZERO,
             poll_armed: false,
-            retry_blocked_writes: false,
             stall_timeout: None,
         }
     }
@@ -73,7 +71,6 @@ impl From<TcpStream> for Stream {
             poll_max: Duration::ZERO,
             poll_window: Duration::ZERO,
             poll_armed: false,
-            retry_blocked_writes: false,
             stall_timeout: None,
         }
     }
@@ -92,7 +89,6 @@ impl Stream {
             poll_max: Duration::ZERO,
             poll_window: Duration::ZERO,
             poll_armed: false,
-            retry_blocked_writes: false,
             stall_timeout: None,
         })
     }
@@ -101,16 +97,6 @@ impl Stream {
     pub(super) fn set_poll_max(&mut self, max: Duration) {
         self.poll_max = max;
         self.poll_window = self.poll_window.min(max);
-    }
-
-    /// Makes writes that would block wait instead of failing. For the handle replies
-    /// go through once no write timeout is set (after the handshake: an expired
-    /// timeout also reads as "would block", and must end the write): the reading
-    /// thread sets `O_NONBLOCK` on the socket's open file, which this handle shares,
-    /// while it polls (microseconds), and a reply the lander thread writes meanwhile
-    /// into a full send buffer must wait for it to be cleared, not fail.
-    pub(super) fn retry_blocked_writes(&mut self) {
-        self.retry_blocked_writes = true;
     }
 
     /// Makes a read in the middle of a request (a payload, the rest of a header) fail
@@ -129,10 +115,22 @@ impl Stream {
         self.poll_armed = !self.poll_max.is_zero();
     }
 
-    fn set_nonblocking(&self, on: bool) -> io::Result<()> {
-        match &self.sock {
-            Sock::Unix(s) => s.set_nonblocking(on),
-            Sock::Tcp(s) => s.set_nonblocking(on),
+    /// A read that never sleeps (`MSG_DONTWAIT`): `WouldBlock` if nothing is there.
+    /// A flag of this one call, not `O_NONBLOCK` on the open file: no two syscalls
+    /// around every poll to set and clear it, and no window in which a reply written
+    /// through the other handle could find the socket non-blocking.
+    fn read_socket_now(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let fd = match &self.sock {
+            Sock::Unix(s) => s.as_raw_fd(),
+            Sock::Tcp(s) => s.as_raw_fd(),
+        };
+        // SAFETY: `buf` is valid for writes of `buf.len()` bytes and `fd` is this
+        // stream's open socket for the duration of the call.
+        #[allow(unsafe_code, reason = "recv with MSG_DONTWAIT: see SAFETY")]
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        match usize::try_from(n) {
+            Ok(n) => Ok(n),
+            Err(_) => Err(io::Error::last_os_error()),
         }
     }
 
@@ -149,24 +147,17 @@ impl Stream {
         let start = Instant::now();
         if !self.poll_window.is_zero() {
             if let Some(_slot) = PollSlot::take() {
-                // O_NONBLOCK is on the open file, shared with the handle replies are
-                // written through (by the lander thread too, meanwhile): a reply
-                // that would block waits for it to be cleared (`retry_blocked_writes`).
-                self.set_nonblocking(true)?;
-                let polled = loop {
-                    match self.read_socket(buf) {
+                loop {
+                    match self.read_socket_now(buf) {
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                             if start.elapsed() >= self.poll_window {
-                                break None;
+                                break;
                             }
                             std::thread::yield_now();
                         }
-                        done => break Some(done),
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        done => return done,
                     }
-                };
-                self.set_nonblocking(false)?;
-                if let Some(done) = polled {
-                    return done;
                 }
             }
         }
@@ -284,29 +275,17 @@ impl Drop for PollSlot {
     }
 }
 
-/// Runs `op`, again while it would block if `retry` ([`Stream::retry_blocked_writes`]).
-fn blocking<T>(retry: bool, mut op: impl FnMut() -> io::Result<T>) -> io::Result<T> {
-    loop {
-        match op() {
-            Err(e) if retry && e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
-            done => return done,
-        }
-    }
-}
-
 impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let retry = self.retry_blocked_writes;
         match &mut self.sock {
-            Sock::Unix(s) => blocking(retry, || s.write(buf)),
-            Sock::Tcp(s) => blocking(retry, || s.write(buf)),
+            Sock::Unix(s) => s.write(buf),
+            Sock::Tcp(s) => s.write(buf),
         }
     }
     fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        let retry = self.retry_blocked_writes;
         match &mut self.sock {
-            Sock::Unix(s) => blocking(retry, || s.write_vectored(bufs)),
-            Sock::Tcp(s) => blocking(retry, || s.write_vectored(bufs)),
+            Sock::Unix(s) => s.write_vectored(bufs),
+            Sock::Tcp(s) => s.write_vectored(bufs),
         }
     }
     fn flush(&mut self) -> io::Result<()> {

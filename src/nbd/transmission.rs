@@ -95,9 +95,6 @@ pub(super) fn serve(
         structured,
         base_allocation,
     } = session;
-    let mut w = w;
-    // No write timeout from here on (the handshake's is cleared).
-    w.get_mut().retry_blocked_writes();
     let mut conn = Conn {
         size: export.size(),
         read_only: export.read_only(),
