@@ -78,6 +78,15 @@ pub struct Options {
     /// every 16 (ext4). The price: while such appends last, every data segment is
     /// written twice (its zeros, then its blocks). Off by default.
     pub data_zeros_ahead: bool,
+    /// Let a durable commit make the value extents written since the last sync
+    /// durable by copying them into its log record when they are few (at most
+    /// 256 KiB, still in the page cache), rather than by an `fdatasync` of their data
+    /// segments: one file synced per commit instead of two, at the price of writing
+    /// those bytes twice (log, then segment). On by default; `cambium serve` turns
+    /// it off unless `--log-small-writes` is given, because a block volume's
+    /// flush-heavy clients would otherwise write every data byte three times (the
+    /// log's zeros ahead included).
+    pub log_small_values: bool,
     /// The file system to use; `None` means real files in the store directory.
     pub vfs: Option<Arc<dyn Vfs>>,
 }
@@ -97,6 +106,7 @@ impl Default for Options {
             checkpoint_on_close: true,
             auto_clean_dead_percent: Some(50.0),
             data_zeros_ahead: false,
+            log_small_values: true,
             vfs: None,
         }
     }

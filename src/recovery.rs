@@ -242,6 +242,7 @@ fn load(
     let sb_file = SuperblockFile::read(&*vfs, &label)?;
     let segments = Segments::open(vfs.clone(), opts.read_only)?;
     segments.set_zeros_ahead(opts.data_zeros_ahead);
+    segments.set_log_small_values(opts.log_small_values);
     segments.set_data_checkpoint_bytes(opts.checkpoint_data_bytes);
     let (sb, meta, chain) = load_newest(&sb_file, &segments)?;
     let fallback = sb_file

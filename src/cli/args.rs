@@ -274,6 +274,11 @@ pub enum Command {
         /// for 4 KiB writes flushed every 16, ext4), every data byte written twice.
         #[arg(long)]
         zeros_ahead: bool,
+        /// Make a flush's small writes durable by copying them into the log (one
+        /// file synced per flush instead of two): shorter flushes on some disks,
+        /// every such data byte written two or three times (the log's zeros ahead).
+        #[arg(long)]
+        log_small_writes: bool,
     },
     /// A guided tour: create a store in a temporary directory, load data, read it
     /// back, show stats, make and compare versions, verify it, and explain each step.

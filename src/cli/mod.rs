@@ -211,14 +211,18 @@ fn dispatch(cli: Cli) -> CliResult {
             listen,
             poll_max_us,
             zeros_ahead,
+            log_small_writes,
         } => serve::serve(
             &ctx,
             &mut out,
             dir,
             socket.as_deref(),
             listen.as_deref(),
-            Duration::from_micros(*poll_max_us),
-            *zeros_ahead,
+            serve::Tuning {
+                poll_max: Duration::from_micros(*poll_max_us),
+                zeros_ahead: *zeros_ahead,
+                log_small_writes: *log_small_writes,
+            },
         ),
     };
     // Whatever was printed before a failure still goes out.

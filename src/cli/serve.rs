@@ -26,15 +26,25 @@ use std::time::Duration;
 /// is given.
 const DEFAULT_SOCKET_NAME: &str = "nbd.sock";
 
-/// `cambium serve DIR [--socket PATH | --listen ADDR:PORT] [--poll-max-us N] [--zeros-ahead]`
+/// `serve`'s performance switches (see `cambium serve --help`).
+pub struct Tuning {
+    /// `--poll-max-us`.
+    pub poll_max: Duration,
+    /// `--zeros-ahead`.
+    pub zeros_ahead: bool,
+    /// `--log-small-writes`.
+    pub log_small_writes: bool,
+}
+
+/// `cambium serve DIR [--socket PATH | --listen ADDR:PORT] [--poll-max-us N]
+/// [--zeros-ahead] [--log-small-writes]`
 pub fn serve(
     ctx: &Ctx,
     out: &mut impl Write,
     dir: &Path,
     socket: Option<&Path>,
     listen: Option<&str>,
-    poll_max: Duration,
-    zeros_ahead: bool,
+    tuning: Tuning,
 ) -> CliResult {
     // First, so that a SIGTERM or SIGINT while the store opens (a long recovery) or
     // the server binds is held until the server runs, which then stops cleanly at
@@ -46,7 +56,10 @@ pub fn serve(
     .map_err(|e| CliError::failure(format!("installing signal handlers: {e}")))?;
     let opts = Options {
         lock_wait: lock_wait(),
-        data_zeros_ahead: zeros_ahead,
+        data_zeros_ahead: tuning.zeros_ahead,
+        // Off unless asked: see `Options::log_small_values` (a volume's flushes of
+        // small writes would write each data byte three times).
+        log_small_values: tuning.log_small_writes,
         ..Default::default()
     };
     let store = Store::open_with(dir, opts)?;
@@ -62,7 +75,7 @@ pub fn serve(
         (None, None) => unix(&dir.join(DEFAULT_SOCKET_NAME))?,
     };
     let server_opts = ServerOptions {
-        poll_max,
+        poll_max: tuning.poll_max,
         ..ServerOptions::default()
     };
     let server = Server::bind(&listen, server_opts).map_err(|e| {

@@ -428,6 +428,9 @@ pub(crate) struct Segments {
     sync_gap: AtomicU64,
     /// Whether zeros are written ahead at all (`Options::data_zeros_ahead`).
     zeros_ahead: AtomicBool,
+    /// Whether small unsynced value extents may be logged in the WAL in place of a
+    /// sync of their segments (`Options::log_small_values`).
+    log_small_values: AtomicBool,
     unsynced: Mutex<Unsynced>,
     /// Held through [`Segments::sync`]: a caller that finds the set empty because
     /// another took it must not return before that one's fsyncs are done.
@@ -581,6 +584,7 @@ impl Segments {
             since_sync: AtomicU64::new(0),
             sync_gap: AtomicU64::new(u64::MAX),
             zeros_ahead: AtomicBool::new(false),
+            log_small_values: AtomicBool::new(true),
             unsynced: Mutex::new(Unsynced::default()),
             syncing: Mutex::new(()),
             sync_failed: std::sync::OnceLock::new(),
@@ -1351,7 +1355,9 @@ impl Segments {
         let mut unsynced = lock(&self.unsynced);
         unsynced.all.insert(segment);
         unsynced.values.insert(segment);
-        let loggable = !direct && unsynced.range_bytes + len <= LOG_VALUES_MAX;
+        let loggable = !direct
+            && unsynced.range_bytes + len <= LOG_VALUES_MAX
+            && self.log_small_values.load(Ordering::Relaxed);
         match &mut unsynced.ranges {
             // Back to back with the last write (the stream's usual case): one range,
             // read back in one go.
@@ -1776,6 +1782,11 @@ impl Segments {
     /// [`Segments::prepare_data_segment`]).
     pub(crate) fn set_zeros_ahead(&self, on: bool) {
         self.zeros_ahead.store(on, Ordering::Relaxed);
+    }
+
+    /// `Options::log_small_values`.
+    pub(crate) fn set_log_small_values(&self, on: bool) {
+        self.log_small_values.store(on, Ordering::Relaxed);
     }
 
     /// Cuts the zeros written ahead ([`Segments::prepare_data_segment`]) off the
