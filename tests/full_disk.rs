@@ -263,3 +263,56 @@ fn checkpoints_that_can_wait_wait_for_room() {
     assert!(diff(&got, &model).is_none(), "{:?}", diff(&got, &model));
     assert!(store.verify().unwrap().is_clean());
 }
+
+/// A client of a full store sees only ENOSPC; the failure hook of the server's
+/// exports is how whoever runs the server learns why (`cambium serve` prints it). A
+/// client's own mistake (a write to a snapshot, which is read-only) is not reported.
+#[test]
+fn the_server_learns_why_its_clients_are_refused() {
+    use cambium::nbd::{Errno, Exports};
+    use cambium::volume::export::VolumeExports;
+    use std::sync::{Arc, Mutex};
+
+    let vfs = SimVfs::new();
+    let store = create_sim(&vfs);
+    Volume::create(&store, "disk", 64 << 20, 4096).unwrap();
+    Volume::snapshot(&store, "disk", "before").unwrap();
+    let reported: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let sink = reported.clone();
+    let exports = VolumeExports::new(store.clone()).on_failure(Arc::new(move |volume, e| {
+        sink.lock()
+            .unwrap()
+            .push((volume.to_owned(), e.to_string()))
+    }));
+
+    let mut snapshot = exports.open("before").unwrap().expect("the snapshot");
+    let refused = snapshot.write(0, &[1; 4096], false).unwrap_err();
+    assert_eq!(refused.errno, Errno::Perm);
+    assert!(
+        reported.lock().unwrap().is_empty(),
+        "a client's mistake reported"
+    );
+
+    let mut disk = exports.open("disk").unwrap().expect("the volume");
+    vfs.set_capacity(Some(vfs.used_bytes() + (2 << 20)));
+    let block: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 1) as u8).collect();
+    let mut failed = None;
+    for i in 0..(64 << 20) / 4096u64 {
+        match disk.write(i * 4096, &block, true) {
+            Ok(()) => {}
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    let failed = failed.expect("the disk never filled");
+    assert!(
+        matches!(failed.errno, Errno::NoSpc | Errno::Io),
+        "{failed:?}"
+    );
+    let reported = reported.lock().unwrap();
+    assert_eq!(reported.len(), 1, "{reported:?}");
+    assert_eq!(reported[0].0, "disk");
+    assert_eq!(reported[0].1, failed.message);
+}

@@ -107,7 +107,10 @@ pub fn serve(
         }
     });
     announce(ctx, out, &store, &server, &listen)?;
-    let served = server.run(Arc::new(VolumeExports::new(store.clone())));
+    let failures = FailureLog::default();
+    let exports = VolumeExports::new(store.clone())
+        .on_failure(Arc::new(move |volume, e| failures.report(volume, e)));
+    let served = server.run(Arc::new(exports));
     control.stop();
     let served = served.map_err(|e| CliError::failure(format!("serving: {e}")));
     // Every connection and control request has ended: nothing else uses the store.
@@ -115,6 +118,52 @@ pub fn serve(
     signal_handle.close();
     let _ = watcher.join();
     closed
+}
+
+/// How often the same failure is printed again while it repeats (a store that
+/// stopped taking writes fails every request; the first says why).
+const FAILURE_REPEAT_EVERY: Duration = Duration::from_secs(10);
+
+/// Prints to stderr the store's failures that clients were answered with: a client
+/// sees only an errno. A failure the same as the last one printed is counted rather
+/// than printed until [`FAILURE_REPEAT_EVERY`] has passed.
+#[derive(Default)]
+struct FailureLog {
+    /// The last line printed, when, and how many like it were not printed since.
+    last: Mutex<Option<(String, std::time::Instant, u64)>>,
+}
+
+impl FailureLog {
+    fn report(&self, volume: &str, e: &cambium::Error) {
+        self.report_to(
+            &mut std::io::stderr().lock(),
+            std::time::Instant::now(),
+            volume,
+            e,
+        );
+    }
+
+    fn report_to(
+        &self,
+        err: &mut impl Write,
+        now: std::time::Instant,
+        volume: &str,
+        e: &cambium::Error,
+    ) {
+        let line = format!("cambium serve: volume {volume}: {e}");
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((prev, at, repeats)) = last.as_mut() {
+            if *prev == line && now.duration_since(*at) < FAILURE_REPEAT_EVERY {
+                *repeats += 1;
+                return;
+            }
+        }
+        if let Some((prev, _, repeats)) = last.take().filter(|l| l.2 > 0) {
+            let _ = writeln!(err, "{prev} (and {repeats} more times)");
+        }
+        let _ = writeln!(err, "{line}");
+        *last = Some((line, now, 0));
+    }
 }
 
 fn describe(listen: &Listen) -> String {
@@ -373,4 +422,47 @@ fn answer(conn: &UnixStream, store: &Store, received: &AtomicBool) {
         }
     };
     let _ = control::write_answer(conn, &answer);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first failure is printed at once; the same one again is only counted
+    /// until the repeat interval has passed, then printed with its count; another
+    /// failure is printed at once.
+    #[test]
+    fn failures_are_printed_once_then_counted() {
+        let log = FailureLog::default();
+        let full = cambium::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::StorageFull,
+            "no space left",
+        ));
+        let other = cambium::Error::Io(std::io::Error::other("read failed"));
+        let t0 = std::time::Instant::now();
+        let mut out = Vec::new();
+        for i in 0..5 {
+            log.report_to(&mut out, t0 + Duration::from_millis(i), "disk", &full);
+        }
+        let printed = String::from_utf8(out.clone()).unwrap();
+        assert_eq!(printed.lines().count(), 1, "{printed}");
+        assert!(
+            printed.starts_with("cambium serve: volume disk: "),
+            "{printed}"
+        );
+        assert!(printed.contains("no space left"), "{printed}");
+
+        out.clear();
+        log.report_to(&mut out, t0 + FAILURE_REPEAT_EVERY, "disk", &full);
+        let printed = String::from_utf8(out.clone()).unwrap();
+        let lines: Vec<_> = printed.lines().collect();
+        assert_eq!(lines.len(), 2, "{printed}");
+        assert!(lines[0].ends_with("(and 4 more times)"), "{printed}");
+
+        out.clear();
+        log.report_to(&mut out, t0 + FAILURE_REPEAT_EVERY, "disk", &other);
+        let printed = String::from_utf8(out).unwrap();
+        assert_eq!(printed.lines().count(), 1, "{printed}");
+        assert!(printed.contains("read failed"), "{printed}");
+    }
 }

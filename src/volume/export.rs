@@ -34,22 +34,40 @@ use crate::error::Error;
 use crate::nbd::{Errno, Export, ExportError, Exports, Extent, ZeroFlags};
 use crate::options::Durability;
 use crate::store::Store;
+use std::sync::Arc;
+
+/// What [`VolumeExports::on_failure`] calls: the volume's name and the error.
+pub type FailureHook = Arc<dyn Fn(&str, &Error) + Send + Sync>;
 
 /// The volumes of one store, as NBD exports.
 pub struct VolumeExports {
     store: Store,
+    on_failure: Option<FailureHook>,
 }
 
 impl VolumeExports {
     /// Exports the volumes of `store`.
     pub fn new(store: Store) -> VolumeExports {
-        VolumeExports { store }
+        VolumeExports {
+            store,
+            on_failure: None,
+        }
+    }
+
+    /// Calls `hook` with every failure of the store a client is answered with (an
+    /// I/O error, a disk full, a store that stopped taking writes after one), but
+    /// not with a client's own mistakes (a write to a snapshot, a bad argument): a
+    /// client sees only an errno, so this is how whoever runs the server learns
+    /// why. `cambium serve` prints them, a repeated one at most every few seconds.
+    pub fn on_failure(mut self, hook: FailureHook) -> VolumeExports {
+        self.on_failure = Some(hook);
+        self
     }
 }
 
 impl Exports for VolumeExports {
     fn list(&self) -> Result<Vec<String>, ExportError> {
-        let names = Volume::names(&self.store).map_err(to_nbd)?;
+        let names = Volume::names(&self.store).map_err(|e| to_nbd(e).0)?;
         Ok(names
             .into_iter()
             .map(|(name, _)| name)
@@ -73,9 +91,18 @@ impl Exports for VolumeExports {
             // it is whole. Checked on the handle opened, so no import can start in
             // between. (An import marks its volume in the header it creates it with.)
             Ok(volume) if volume.is_incomplete() => Ok(None),
-            Ok(volume) => Ok(Some(Box::new(VolumeExport { volume }))),
+            Ok(volume) => Ok(Some(Box::new(VolumeExport {
+                volume,
+                on_failure: self.on_failure.clone(),
+            }))),
             Err(Error::VolumeNotFound(_) | Error::InvalidVersionName(_)) => Ok(None),
-            Err(e) => Err(to_nbd(e)),
+            Err(e) => {
+                let (error, failure) = to_nbd(e);
+                if let (Some(hook), Some(e)) = (&self.on_failure, &failure) {
+                    hook(&name, e);
+                }
+                Err(error)
+            }
         }
     }
 }
@@ -83,6 +110,18 @@ impl Exports for VolumeExports {
 /// One connection's handle on a volume.
 struct VolumeExport {
     volume: Volume,
+    on_failure: Option<FailureHook>,
+}
+
+impl VolumeExport {
+    /// The NBD error for `e`, reported to the failure hook if it is the store's.
+    fn fail(&self, e: Error) -> ExportError {
+        let error = to_nbd(e);
+        if let (Some(hook), Some(e)) = (&self.on_failure, &error.1) {
+            hook(self.volume.name(), e);
+        }
+        error.0
+    }
 }
 
 fn durability(fua: bool) -> Durability {
@@ -107,29 +146,29 @@ impl Export for VolumeExport {
     }
 
     fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
-        self.volume.read_at(offset, buf).map_err(to_nbd)
+        self.volume.read_at(offset, buf).map_err(|e| self.fail(e))
     }
 
     fn write(&mut self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
         self.volume
             .write_at(offset, data, durability(fua))
-            .map_err(to_nbd)
+            .map_err(|e| self.fail(e))
     }
 
     fn write_batch(&mut self, writes: &[(u64, &[u8])], fua: bool) -> Result<(), ExportError> {
         self.volume
             .write_many(writes, durability(fua))
-            .map_err(to_nbd)
+            .map_err(|e| self.fail(e))
     }
 
     fn flush(&mut self) -> Result<(), ExportError> {
-        self.volume.sync().map_err(to_nbd)
+        self.volume.sync().map_err(|e| self.fail(e))
     }
 
     fn trim(&mut self, offset: u64, len: u64, fua: bool) -> Result<(), ExportError> {
         self.volume
             .trim(offset, len, durability(fua))
-            .map_err(to_nbd)
+            .map_err(|e| self.fail(e))
     }
 
     /// Zeroes are holes here, so a fast zero is always fast and NO_HOLE changes
@@ -137,7 +176,7 @@ impl Export for VolumeExport {
     fn write_zeroes(&mut self, offset: u64, len: u64, flags: ZeroFlags) -> Result<(), ExportError> {
         self.volume
             .write_zeroes(offset, len, durability(flags.fua))
-            .map_err(to_nbd)
+            .map_err(|e| self.fail(e))
     }
 
     fn block_status(
@@ -149,7 +188,7 @@ impl Export for VolumeExport {
         let runs = self
             .volume
             .allocation(offset, len, max_extents)
-            .map_err(to_nbd)?;
+            .map_err(|e| self.fail(e))?;
         Ok(runs
             .into_iter()
             .map(|Run { len, allocated }| Extent {
@@ -161,8 +200,9 @@ impl Export for VolumeExport {
     }
 }
 
-/// The NBD error for an engine error.
-fn to_nbd(e: Error) -> ExportError {
+/// The NBD error for an engine error, and the error itself if it is the store's
+/// failure rather than the client's (EIO and ENOSPC).
+fn to_nbd(e: Error) -> (ExportError, Option<Error>) {
     let errno = match &e {
         Error::ReadOnly(_) => Errno::Perm,
         Error::InvalidArgument(_) => Errno::Inval,
@@ -170,5 +210,9 @@ fn to_nbd(e: Error) -> ExportError {
         Error::VolumeNotFound(_) | Error::VersionNotFound(_) => Errno::Shutdown,
         _ => Errno::Io,
     };
-    ExportError::new(errno, e.to_string())
+    let error = ExportError::new(errno, e.to_string());
+    match errno {
+        Errno::Io | Errno::NoSpc => (error, Some(e)),
+        _ => (error, None),
+    }
 }
