@@ -187,7 +187,8 @@ pub(crate) fn request(shared: &Shared) -> Result<()> {
 /// store could put off (an interval's, a close's) waits for room instead of running
 /// into the full disk: the commits stay in the log meanwhile, and the store
 /// writable. (A server whose disk filled for a moment used to be stuck until it was
-/// restarted.)
+/// restarted.) One that began with room and meets a disk filled meanwhile finishes
+/// on the reserve (`write`).
 pub(crate) fn has_room(shared: &Shared) -> bool {
     crate::io::reserve_allowed_here() || shared.segments.room_for_metadata()
 }
@@ -334,6 +335,12 @@ fn plan_meta(
 
 /// Writes the frozen state; returns its epoch once it is durable.
 fn write(shared: &Shared, durable: &mut Durable, mut frozen: Frozen) -> Result<u64> {
+    // A checkpoint that has begun spends the reserve rather than fail: a failed one
+    // poisons the store (what it wrote is not undone), and one that could wait began
+    // only with room (`has_room`), so it meets a full disk only if something else
+    // filled it meanwhile. Stuck until restarted is worse than a spent reserve, which
+    // the next checkpoint or close with room allocates again.
+    let _finish = crate::io::allow_reserve();
     let mut written = SpaceDelta::default();
     let levels = collect_dirty(shared, &frozen.catalog)?;
     write_levels(shared, &levels, &mut written, &mut frozen.backrefs)?;

@@ -316,3 +316,52 @@ fn the_server_learns_why_its_clients_are_refused() {
     assert_eq!(reported[0].0, "disk");
     assert_eq!(reported[0].1, failed.message);
 }
+
+/// A checkpoint that began with room and meets a disk some other process filled under
+/// it finishes on the reserve, rather than fail and poison the store (which then
+/// took a restart). Here the disk fills at the checkpoint's first write of nodes, in
+/// the checkpoint a close runs; the reserve is gone after it, everything committed
+/// reads back, and `verify` is clean.
+#[test]
+fn a_checkpoint_whose_disk_fills_under_it_finishes_on_the_reserve() {
+    let vfs = SimVfs::new();
+    let store = create_sim(&vfs);
+    let mut model = Model::new();
+    let mut rng = Rng::new(11);
+    for i in 0..300 {
+        let (key, value) = (format!("k{i:05}").into_bytes(), rng.bytes(100));
+        store.put(&key, &value).unwrap();
+        model.insert(key, value);
+    }
+    store.checkpoint().unwrap();
+    for i in 300..600 {
+        let (key, value) = (format!("k{i:05}").into_bytes(), rng.bytes(100));
+        store.put(&key, &value).unwrap();
+        model.insert(key, value);
+    }
+    assert!(vfs.file_len(RESERVE_FILE).is_some(), "the reserve is there");
+    // Small values live in the leaves: the only segments are the engine's own, and
+    // the newest is the one the checkpoint appends its nodes to.
+    let segment = vfs
+        .names()
+        .into_iter()
+        .filter(|n| n.starts_with("seg-"))
+        .max()
+        .expect("a segment");
+    let filler = vfs.clone();
+    vfs.before_next_write_to(&segment, move || {
+        filler.set_capacity(Some(filler.used_bytes()));
+    });
+    store
+        .close()
+        .expect("the close's checkpoint finishes on the reserve");
+    assert!(
+        vfs.file_len(RESERVE_FILE).is_none(),
+        "the disk never filled under the checkpoint (or the reserve was not spent)"
+    );
+    vfs.set_capacity(None);
+    let store = open_sim(&vfs).unwrap();
+    let got = dump(&store.read().unwrap()).unwrap();
+    assert!(got == model, "what was committed does not read back");
+    verify_clean(&store, "after the checkpoint on the reserve").unwrap();
+}

@@ -13,8 +13,10 @@
 //! checkpoint`: it deletes the segments that emptied) or due for the data appended
 //! since the last (the same), and a write of data that found the disk full making
 //! room (`Store::make_room`). Checkpoints that free nothing (a close's, an
-//! interval's) do not: on a disk some other process filled, they would spend the
-//! reserve and leave none for the `drop` that makes room.
+//! interval's) do not start on a disk short of room: on a disk some other process
+//! filled, they would spend the reserve and leave none for the `drop` that makes
+//! room. But every checkpoint, once begun, finishes on the reserve if the disk fills
+//! under it: a failed checkpoint poisons the store.
 //!
 //! The allowance belongs to a thread, not to the store: on a full disk a server's
 //! clients go on writing while its checkpoint runs, and their data is what filled the
