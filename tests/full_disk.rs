@@ -365,3 +365,49 @@ fn a_checkpoint_whose_disk_fills_under_it_finishes_on_the_reserve() {
     assert!(got == model, "what was committed does not read back");
     verify_clean(&store, "after the checkpoint on the reserve").unwrap();
 }
+
+/// A disk that fills while a volume is written and then gets room back: the writes
+/// refused meanwhile failed cleanly (ENOSPC, nothing acknowledged lost), and the same
+/// store, not restarted, takes writes again, flushes included.
+#[test]
+fn a_volume_writes_again_once_the_disk_has_room() {
+    let vfs = SimVfs::new();
+    let store = create_sim(&vfs);
+    let vol = Volume::create(&store, "disk", 64 << 20, 4096).unwrap();
+    vfs.set_capacity(Some(vfs.used_bytes() + (6 << 20)));
+    let mut model = vec![0u8; 64 << 20];
+    let mut rng = Rng::new(5);
+    let mut refused = 0;
+    for round in 0..4000u64 {
+        let at = rng.below(16 << 8) * 4096;
+        let block = rng.bytes(4096);
+        let durability = if round % 16 == 15 {
+            Durability::Immediate
+        } else {
+            Durability::Deferred
+        };
+        match vol.write_at(at, &block, durability) {
+            Ok(()) => model[at as usize..at as usize + 4096].copy_from_slice(&block),
+            Err(e) => {
+                assert!(is_full(&e), "round {round}: {e}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 0, "the disk never filled");
+    vfs.set_capacity(None);
+    for round in 0..64u64 {
+        let at = rng.below(16 << 8) * 4096;
+        let block = rng.bytes(4096);
+        vol.write_at(at, &block, Durability::Immediate)
+            .unwrap_or_else(|e| panic!("write {round} with room again: {e}"));
+        model[at as usize..at as usize + 4096].copy_from_slice(&block);
+    }
+    let mut back = vec![0u8; 64 << 20];
+    vol.read_at(0, &mut back).unwrap();
+    assert!(
+        back == model,
+        "the volume does not read back what was acknowledged"
+    );
+    verify_clean(&store, "after the disk had room again").unwrap();
+}
