@@ -273,6 +273,16 @@ pub enum Answer {
     /// the command reports a failure of its own afterwards (writing what the server
     /// sent) as a warning, exit 6, as it would have run in-process.
     Committed(Option<String>),
+    /// How far a long request (a volume import or export) has got: the command
+    /// draws its progress bar from these, as it would running alone.
+    Progress {
+        /// What is under way ("importing").
+        what: String,
+        /// Bytes done.
+        done: u64,
+        /// Bytes in all, if known.
+        total: Option<u64>,
+    },
     /// The request succeeded: exit 0.
     Done,
     /// The request failed: the exit code and message the command reports.
@@ -340,6 +350,9 @@ pub fn send(
     // to come is read only for how the request ended.
     let mut output_failed: Option<(CliError, String)> = None;
     let mut answers = BufReader::new(&stream);
+    // The bar of a long request, drawn from its `Progress` answers, cleared before
+    // anything else is printed.
+    let mut bar: Option<indicatif::ProgressBar> = None;
     loop {
         let mut line = String::new();
         let read = answers
@@ -358,7 +371,23 @@ pub fn send(
                 |(e, _)| e,
             ));
         }
-        match serde_json::from_str::<Answer>(&line) {
+        let answer = serde_json::from_str::<Answer>(&line);
+        match (&answer, bar.take()) {
+            (Ok(Answer::Progress { done, .. }), Some(shown)) => {
+                shown.set_position(*done);
+                bar = Some(shown);
+            }
+            (_, Some(shown)) => shown.finish_and_clear(),
+            (_, None) => {}
+        }
+        match answer {
+            Ok(Answer::Progress { what, done, total }) => {
+                if bar.is_none() {
+                    let shown = super::volume::progress_bar(total, &what);
+                    shown.set_position(done);
+                    bar = Some(shown);
+                }
+            }
             Ok(Answer::Output(text)) => {
                 if output_failed.is_some() {
                     continue;

@@ -47,10 +47,17 @@ pub struct Ctx {
     /// told, so that it reports a failure of its own afterwards, writing the output,
     /// as a warning too).
     on_commit: Option<CommitNotice>,
+    /// Told how far a long command (a volume import or export) has got, in a server:
+    /// the command's process draws the progress bar (`control::Answer::Progress`).
+    on_progress: Option<ProgressNotice>,
 }
 
 /// What [`Ctx::on_commit`] calls.
 type CommitNotice = Box<dyn Fn(Option<&str>)>;
+
+/// What [`Ctx::on_progress`] calls: what is under way ("importing"), bytes done,
+/// and the total if known.
+pub type ProgressNotice = Box<dyn Fn(&str, u64, Option<u64>)>;
 
 impl Ctx {
     /// The settings of a command: keys and values in hex or as text, JSON or not.
@@ -61,7 +68,19 @@ impl Ctx {
             local,
             committed: std::cell::RefCell::new(None),
             on_commit: None,
+            on_progress: None,
         }
+    }
+
+    /// Calls `notify` as a long command gets on (see [`Ctx::on_progress`]'s field).
+    pub fn on_progress(mut self, notify: impl Fn(&str, u64, Option<u64>) + 'static) -> Self {
+        self.on_progress = Some(Box::new(notify));
+        self
+    }
+
+    /// Where a long command reports its progress (see `volume::Progress`).
+    pub fn progress_notice(&self) -> Option<&ProgressNotice> {
+        self.on_progress.as_ref()
     }
 
     /// Calls `notify` on every change to what the command has made durable.

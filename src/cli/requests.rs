@@ -273,10 +273,10 @@ pub fn execute(
         Request::Drop { name } => {
             catalog(versions::drop_in(store, name).map(|o| reclaimed(ctx, store, o)))
         }
-        Request::VolumeDrop { .. } => catalog(
-            volume::execute(store, request, input, ctx.local).map(|o| reclaimed(ctx, store, o)),
-        ),
-        _ => catalog(volume::execute(store, request, input, ctx.local)),
+        Request::VolumeDrop { .. } => {
+            catalog(volume::execute(store, request, input, ctx).map(|o| reclaimed(ctx, store, o)))
+        }
+        _ => catalog(volume::execute(store, request, input, ctx)),
     }
 }
 

@@ -397,11 +397,19 @@ fn answer(conn: &UnixStream, store: &Store, received: &AtomicBool) {
         let _ = conn.set_read_timeout(None);
     }
     let notices = conn.try_clone();
-    let ctx = Ctx::new(envelope.hex, envelope.json, false).on_commit(move |what| {
-        if let Ok(notices) = &notices {
-            let _ = control::write_answer(notices, &Answer::Committed(what.map(str::to_owned)));
-        }
-    });
+    let progress = conn.try_clone();
+    let ctx = Ctx::new(envelope.hex, envelope.json, false)
+        .on_commit(move |what| {
+            if let Ok(notices) = &notices {
+                let _ = control::write_answer(notices, &Answer::Committed(what.map(str::to_owned)));
+            }
+        })
+        .on_progress(move |what, done, total| {
+            if let Ok(progress) = &progress {
+                let what = what.to_owned();
+                let _ = control::write_answer(progress, &Answer::Progress { what, done, total });
+            }
+        });
     // Messages name the store as the command was given it.
     let dir = envelope.dir.as_deref().map_or(store.path(), Path::new);
     let mut out = control::AnswerWriter::new(conn);

@@ -7,6 +7,7 @@
 use super::codec::human_bytes;
 use super::control::{Outcome, Request};
 use super::error::{CliError, CliResult};
+use super::Ctx;
 use cambium::volume::{Volume, VolumeInfo};
 use cambium::{Durability, Error, Store};
 use std::io::{BufRead, Read};
@@ -21,8 +22,9 @@ pub fn execute(
     store: &Store,
     request: &Request,
     input: &mut dyn BufRead,
-    progress: bool,
+    ctx: &Ctx,
 ) -> CliResult<Outcome> {
+    let progress = Progress::of(ctx);
     match request {
         Request::VolumeCreate {
             name,
@@ -93,13 +95,15 @@ pub fn execute(
             name,
             file: Some(file),
             block_size,
-        } => import(store, name, Path::new(file), *block_size, progress),
+        } => import(store, name, Path::new(file), *block_size, &progress),
         Request::VolumeImport {
             name,
             file: None,
             block_size,
-        } => import_stream(store, name, input, *block_size, progress),
-        Request::VolumeExport { name, file } => export(store, name, Path::new(file), progress),
+        } => import_stream(store, name, input, *block_size, &progress),
+        Request::VolumeExport { name, file } => {
+            export(store, name, Path::new(file), ctx.local, &progress)
+        }
         _ => Err(CliError::failure(
             "not a volume request (a bug: requests::execute routes it)",
         )),
@@ -211,7 +215,7 @@ fn import(
     name: &str,
     file: &Path,
     block_size: u32,
-    progress: bool,
+    progress: &Progress<'_>,
 ) -> CliResult<Outcome> {
     let mut input = std::fs::File::open(file)
         .map_err(|e| CliError::failure(format!("open {}: {e}", file.display())))?;
@@ -225,7 +229,7 @@ fn import(
     let size = len.div_ceil(u64::from(block_size)) * u64::from(block_size);
     let (mut vol, _filling) =
         Volume::create_filling(store, name, size, block_size).map_err(usage_if_invalid)?;
-    let bar = progress_bar(progress, Some(size), "importing");
+    let bar = progress.bar(Some(size), "importing");
     let source = file.display().to_string();
     let copied = copy_stream(&mut vol, &mut (&mut input).take(len), &source, &bar).and_then(|n| {
         if n < len {
@@ -250,14 +254,14 @@ fn import_stream(
     name: &str,
     input: &mut dyn BufRead,
     block_size: u32,
-    progress: bool,
+    progress: &Progress<'_>,
 ) -> CliResult<Outcome> {
     let source = "the input";
     let block = u64::from(block_size);
     let (mut vol, _filling) =
         Volume::create_filling(store, name, IMPORT_CHUNK_BYTES as u64, block_size)
             .map_err(usage_if_invalid)?;
-    let bar = progress_bar(progress, None, "importing");
+    let bar = progress.bar(None, "importing");
     let copied = copy_stream(&mut vol, input, source, &bar).and_then(|len| {
         if len == 0 {
             return Err(CliError::failure("the input is empty"));
@@ -297,7 +301,7 @@ fn copy_stream(
     vol: &mut Volume,
     input: &mut dyn Read,
     source: &str,
-    bar: &indicatif::ProgressBar,
+    bar: &Bar<'_>,
 ) -> CliResult<u64> {
     let block = u64::from(vol.block_size());
     let mut chunk = vec![0u8; IMPORT_CHUNK_BYTES];
@@ -358,7 +362,13 @@ fn imported(store: &Store, vol: &Volume, name: &str, source: &str, len: u64) -> 
 }
 
 /// `volume export`: the volume into a sparse raw file (holes are not written).
-fn export(store: &Store, name: &str, file: &Path, local: bool) -> CliResult<Outcome> {
+fn export(
+    store: &Store,
+    name: &str,
+    file: &Path,
+    local: bool,
+    progress: &Progress<'_>,
+) -> CliResult<Outcome> {
     let vol = Volume::open(store, name)?;
     if vol.is_incomplete() {
         // Checked before the output is made: half an image is no image.
@@ -397,7 +407,7 @@ fn export(store: &Store, name: &str, file: &Path, local: bool) -> CliResult<Outc
             }
         }
     };
-    let bar = progress_bar(local, Some(vol.size()), "exporting");
+    let bar = progress.bar(Some(vol.size()), "exporting");
     // Adjacent blocks go out in one write of up to 1 MiB.
     let mut run: Vec<u8> = Vec::with_capacity(IMPORT_CHUNK_BYTES);
     let mut run_at = 0u64;
@@ -498,11 +508,89 @@ fn write_zeroes(out: &mut dyn std::io::Write, mut n: u64) -> std::io::Result<()>
     Ok(())
 }
 
-/// A byte progress bar on stderr (a count of bytes when the total is not known), only
-/// when `progress` allows it (not in a server) and stderr is a terminal.
-fn progress_bar(progress: bool, total: Option<u64>, what: &str) -> indicatif::ProgressBar {
+/// Where a long volume command shows how far it has got: a bar on this process's
+/// stderr (if it is a terminal), or, in the server, notices sent to the command's
+/// process, which draws the bar there (`control::Answer::Progress`).
+pub(super) enum Progress<'a> {
+    Local,
+    Remote(&'a super::ProgressNotice),
+    Hidden,
+}
+
+impl<'a> Progress<'a> {
+    fn of(ctx: &'a Ctx) -> Progress<'a> {
+        match ctx.progress_notice() {
+            _ if ctx.local => Progress::Local,
+            Some(notice) => Progress::Remote(notice),
+            None => Progress::Hidden,
+        }
+    }
+
+    /// A bar for `what` ("importing"), of `total` bytes if known.
+    fn bar(&self, total: Option<u64>, what: &'static str) -> Bar<'a> {
+        match self {
+            Progress::Local => Bar::Local(progress_bar(total, what)),
+            Progress::Remote(notice) => {
+                notice(what, 0, total);
+                Bar::Remote {
+                    notice,
+                    what,
+                    total,
+                    sent: std::cell::Cell::new(Instant::now()),
+                }
+            }
+            Progress::Hidden => Bar::Local(indicatif::ProgressBar::hidden()),
+        }
+    }
+}
+
+/// How often a server sends a command's process where its long work has got.
+const PROGRESS_EVERY: Duration = Duration::from_millis(100);
+
+/// One long piece of work's progress ([`Progress::bar`]).
+pub(super) enum Bar<'a> {
+    Local(indicatif::ProgressBar),
+    Remote {
+        notice: &'a super::ProgressNotice,
+        what: &'static str,
+        total: Option<u64>,
+        sent: std::cell::Cell<Instant>,
+    },
+}
+
+impl Bar<'_> {
+    fn set_position(&self, done: u64) {
+        match self {
+            Bar::Local(bar) => bar.set_position(done),
+            Bar::Remote {
+                notice,
+                what,
+                total,
+                sent,
+            } => {
+                let now = Instant::now();
+                if now.duration_since(sent.get()) >= PROGRESS_EVERY {
+                    sent.set(now);
+                    notice(what, done, *total);
+                }
+            }
+        }
+    }
+
+    /// The work is done: a local bar goes (the command's process clears a remote
+    /// one when the answer comes).
+    fn finish_and_clear(&self) {
+        if let Bar::Local(bar) = self {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// A byte progress bar on stderr (a count of bytes when the total is not known),
+/// only when stderr is a terminal.
+pub(super) fn progress_bar(total: Option<u64>, what: &str) -> indicatif::ProgressBar {
     use std::io::IsTerminal;
-    if !progress || !std::io::stderr().is_terminal() {
+    if !std::io::stderr().is_terminal() {
         return indicatif::ProgressBar::hidden();
     }
     let (bar, template) = match total {
@@ -520,4 +608,47 @@ fn progress_bar(progress: bool, total: Option<u64>, what: &str) -> indicatif::Pr
     }
     bar.set_message(what.to_owned());
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    /// An import run by the server (a `Ctx` that is not local) tells the command's
+    /// process how far it has got, with the image's size, so that the command draws
+    /// its bar as it would running alone; one run locally sends nothing.
+    #[test]
+    fn an_import_in_the_server_reports_its_progress() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::create(dir.path().join("store")).unwrap();
+        let image = dir.path().join("image");
+        let bytes: Vec<u8> = (0..3u32 << 20).map(|i| (i % 251) as u8 + 1).collect();
+        std::fs::write(&image, &bytes).unwrap();
+        let request = |name: &str| Request::VolumeImport {
+            name: name.to_owned(),
+            file: Some(image.to_str().unwrap().to_owned()),
+            block_size: 4096,
+        };
+        let notices = Rc::new(RefCell::new(Vec::new()));
+        let sink = notices.clone();
+        let served = Ctx::new(false, false, false).on_progress(move |what, done, total| {
+            sink.borrow_mut().push((what.to_owned(), done, total));
+        });
+        execute(&store, &request("served"), &mut std::io::empty(), &served).unwrap();
+        let notices = notices.borrow();
+        let size = bytes.len() as u64;
+        assert_eq!(
+            notices.first(),
+            Some(&("importing".to_owned(), 0, Some(size)))
+        );
+        assert!(
+            notices.iter().all(|(_, done, _)| *done <= size),
+            "{notices:?}"
+        );
+
+        let local = Ctx::new(false, false, true).on_progress(|_, _, _| panic!("sent"));
+        execute(&store, &request("local"), &mut std::io::empty(), &local).unwrap();
+    }
 }
