@@ -383,7 +383,7 @@ pub fn send(
         match answer {
             Ok(Answer::Progress { what, done, total }) => {
                 if bar.is_none() {
-                    let shown = super::volume::progress_bar(total, &what);
+                    let shown = super::output::progress_bar(total, &what);
                     shown.set_position(done);
                     bar = Some(shown);
                 }

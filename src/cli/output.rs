@@ -69,3 +69,26 @@ pub fn spinner(msg: &str) -> indicatif::ProgressBar {
     pb.enable_steady_tick(Duration::from_millis(120));
     pb
 }
+
+/// A byte progress bar on stderr (a count of bytes when the total is not known),
+/// only when stderr is a terminal.
+pub fn progress_bar(total: Option<u64>, what: &str) -> indicatif::ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let (bar, template) = match total {
+        Some(total) => (
+            indicatif::ProgressBar::new(total),
+            "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        ),
+        None => (
+            indicatif::ProgressBar::new_spinner(),
+            "{spinner} {msg} {bytes} {bytes_per_sec} [{elapsed}]",
+        ),
+    };
+    if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
+        bar.set_style(style);
+    }
+    bar.set_message(what.to_owned());
+    bar
+}

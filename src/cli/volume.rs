@@ -7,6 +7,7 @@
 use super::codec::human_bytes;
 use super::control::{Outcome, Request};
 use super::error::{CliError, CliResult};
+use super::output::progress_bar;
 use super::Ctx;
 use cambium::volume::{Volume, VolumeInfo};
 use cambium::{Durability, Error, Store};
@@ -584,30 +585,6 @@ impl Bar<'_> {
             bar.finish_and_clear();
         }
     }
-}
-
-/// A byte progress bar on stderr (a count of bytes when the total is not known),
-/// only when stderr is a terminal.
-pub(super) fn progress_bar(total: Option<u64>, what: &str) -> indicatif::ProgressBar {
-    use std::io::IsTerminal;
-    if !std::io::stderr().is_terminal() {
-        return indicatif::ProgressBar::hidden();
-    }
-    let (bar, template) = match total {
-        Some(total) => (
-            indicatif::ProgressBar::new(total),
-            "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-        ),
-        None => (
-            indicatif::ProgressBar::new_spinner(),
-            "{spinner} {msg} {bytes} {bytes_per_sec} [{elapsed}]",
-        ),
-    };
-    if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
-        bar.set_style(style);
-    }
-    bar.set_message(what.to_owned());
-    bar
 }
 
 #[cfg(test)]
