@@ -174,24 +174,29 @@ fn pending_deletion_runs_at_open() {
     verify_clean(&store, "reopen").unwrap();
 }
 
-/// A store on `vfs` ready for the close under test: segment 1 dead once the dropped
-/// snapshot's nodes are freed.
-fn build_dead_segment(vfs: &SimVfs) -> Store {
-    let store = create_sim(vfs);
-    fill_snapshot_overwrite(&store);
-    store.drop_version("old").unwrap();
-    store
-}
-
 fn has_segment_one(vfs: &SimVfs) -> bool {
     vfs.names().iter().any(|n| n == SEGMENT_ONE)
 }
 
 #[test]
 fn crash_around_pending_deletion() {
-    let ops = {
+    // Filling the segment is the costly part (144 MiB of values): done once, then
+    // every crash point starts from a copy of that file system, opens the store and
+    // drops the snapshot that kept segment 1 alive.
+    let filled = {
         let vfs = SimVfs::new();
-        let store = build_dead_segment(&vfs);
+        let store = create_sim(&vfs);
+        fill_snapshot_overwrite(&store);
+        vfs.crash_keep_all()
+    };
+    let dead_segment = |vfs: &SimVfs| {
+        let store = open_sim(vfs).unwrap();
+        store.drop_version("old").unwrap();
+        store
+    };
+    let ops = {
+        let vfs = filled.fork();
+        let store = dead_segment(&vfs);
         let before = vfs.op_count();
         store.close().unwrap();
         assert!(!has_segment_one(&vfs));
@@ -201,8 +206,8 @@ fn crash_around_pending_deletion() {
     let mut points = 0;
     for k in 0..=ops {
         for crash_seed in [k, k + 1000] {
-            let vfs = SimVfs::new();
-            let store = build_dead_segment(&vfs);
+            let vfs = filled.fork();
+            let store = dead_segment(&vfs);
             vfs.set_fail_after(Some(k));
             let closed = store.close();
             let image = vfs.crash(crash_seed);

@@ -71,10 +71,15 @@ enum DirOp {
     Rename(String, String),
 }
 
+/// A file's bytes. Shared (`Arc`) so that a fork or a crash image copies only the
+/// files written after it, each once, at its first write (`Arc::make_mut`): crash
+/// tests that copy a store of hundreds of MiB per crash point stay cheap.
+type Bytes = Arc<Vec<u8>>;
+
 #[derive(Clone, Default)]
 struct FileData {
-    durable: Vec<u8>,
-    current: Vec<u8>,
+    durable: Bytes,
+    current: Bytes,
     pending: Vec<Pending>,
     handles: u64,
 }
@@ -281,13 +286,13 @@ impl Inner {
         }
         // Content: for each surviving file (visited in name order, each identity
         // once), its durable bytes plus a seed-chosen selection of unsynced writes.
-        let mut by_id: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+        let mut by_id: BTreeMap<u64, Bytes> = BTreeMap::new();
         for id in ns.values() {
             if by_id.contains_key(id) {
                 continue;
             }
             let f = &self.files[id];
-            let mut content = f.durable.clone();
+            let mut content = Arc::clone(&f.durable);
             let last_write = f
                 .pending
                 .iter()
@@ -308,7 +313,7 @@ impl Inner {
                     continue;
                 }
                 match p {
-                    Pending::SetLen(len) => content.resize(*len as usize, 0),
+                    Pending::SetLen(len) => Arc::make_mut(&mut content).resize(*len as usize, 0),
                     Pending::Write { offset, data } => {
                         let len = if tear {
                             let sectors = data.len().div_ceil(SECTOR) as u64;
@@ -318,7 +323,7 @@ impl Inner {
                             data.len()
                         };
                         if len > 0 {
-                            apply_write(&mut content, *offset, &data[..len]);
+                            apply_write(Arc::make_mut(&mut content), *offset, &data[..len]);
                         }
                     }
                 }
@@ -333,7 +338,7 @@ impl Inner {
             out.files.insert(
                 id,
                 FileData {
-                    durable: content.clone(),
+                    durable: Arc::clone(&content),
                     current: content,
                     pending: Vec::new(),
                     handles: 0,
@@ -525,11 +530,11 @@ impl SimVfs {
         let off = offset as usize;
         let mut done = false;
         if off < f.durable.len() {
-            f.durable[off] ^= xor;
+            Arc::make_mut(&mut f.durable)[off] ^= xor;
             done = true;
         }
         if off < f.current.len() {
-            f.current[off] ^= xor;
+            Arc::make_mut(&mut f.current)[off] ^= xor;
             done = true;
         }
         done
@@ -550,8 +555,8 @@ impl SimVfs {
         };
         inner.durable_ns.insert(name.to_owned(), id);
         let f = inner.file(id);
-        f.current = data.to_vec();
-        f.durable = data.to_vec();
+        f.current = Arc::new(data.to_vec());
+        f.durable = Arc::clone(&f.current);
         f.pending.clear();
     }
 
@@ -570,7 +575,7 @@ impl SimVfs {
         inner
             .current_ns
             .get(name)
-            .map(|id| inner.files[id].current.clone())
+            .map(|id| inner.files[id].current.to_vec())
     }
 
     /// The names of the files currently in the directory, sorted.
@@ -677,7 +682,7 @@ impl VFile for SimFile {
         inner.mutate()?;
         inner.check_space(self.id, offset + buf.len() as u64)?;
         let f = inner.file(self.id);
-        apply_write(&mut f.current, offset, buf);
+        apply_write(Arc::make_mut(&mut f.current), offset, buf);
         f.pending.push(Pending::Write {
             offset,
             data: buf.to_vec(),
@@ -694,8 +699,10 @@ impl VFile for SimFile {
         // possibly preallocated, file at every fsync).
         for p in std::mem::take(&mut f.pending) {
             match p {
-                Pending::SetLen(len) => f.durable.resize(len as usize, 0),
-                Pending::Write { offset, data } => apply_write(&mut f.durable, offset, &data),
+                Pending::SetLen(len) => Arc::make_mut(&mut f.durable).resize(len as usize, 0),
+                Pending::Write { offset, data } => {
+                    apply_write(Arc::make_mut(&mut f.durable), offset, &data)
+                }
             }
         }
         debug_assert!(
@@ -716,7 +723,7 @@ impl VFile for SimFile {
         inner.mutate()?;
         inner.check_space(self.id, len)?;
         let f = inner.file(self.id);
-        f.current.resize(len as usize, 0);
+        Arc::make_mut(&mut f.current).resize(len as usize, 0);
         f.pending.push(Pending::SetLen(len));
         Ok(())
     }
