@@ -358,7 +358,8 @@ pub enum VolumeCommand {
         dir: PathBuf,
         /// The new volume's name.
         name: String,
-        /// The raw image: a file, `-` for stdin, or a pipe (e.g. `<(xz -dc img.xz)`).
+        /// The raw image: a file, a block device, `-` for stdin, or a pipe (e.g.
+        /// `<(xz -dc img.xz)`).
         file: PathBuf,
         /// The block size.
         #[arg(long, value_name = "SIZE", default_value = "4K", value_parser = parse_size)]

@@ -92,17 +92,19 @@ pub fn volume(ctx: &Ctx, out: &mut impl Write, cmd: &VolumeCommand) -> CliResult
     run(ctx, out, dir, request, None)
 }
 
-/// Where `volume import` reads its image: a regular file by its (absolute) path, which
-/// a server opens itself; or stdin (`-`), a pipe or a device, which only this process
-/// can read (`/dev/stdin`, `<(xz -dc image.xz)` name this process's descriptors), so
-/// its bytes become the request's input.
+/// Where `volume import` reads its image: a regular file or a block device by its
+/// (absolute) path, which a server opens itself (both have a length); or stdin (`-`),
+/// a pipe or a character device, which only this process can read (`/dev/stdin`,
+/// `<(xz -dc image.xz)` name this process's descriptors), so its bytes become the
+/// request's input.
 fn image_source(file: &Path) -> CliResult<(Option<String>, Option<Input>)> {
+    use std::os::unix::fs::FileTypeExt;
     if file == Path::new("-") {
         return Ok((None, Some(Box::new(std::io::stdin()))));
     }
     let meta = std::fs::metadata(file)
         .map_err(|e| CliError::failure(format!("open {}: {e}", file.display())))?;
-    if meta.is_file() {
+    if meta.is_file() || meta.file_type().is_block_device() {
         return Ok((Some(absolute(file)?), None));
     }
     if meta.is_dir() {

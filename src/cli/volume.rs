@@ -210,7 +210,8 @@ fn table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
     text
 }
 
-/// `volume import`: a raw image into a new volume; zero blocks stay holes.
+/// `volume import`: a raw image (a regular file or a block device) into a new volume;
+/// zero blocks stay holes.
 fn import(
     store: &Store,
     name: &str,
@@ -220,10 +221,8 @@ fn import(
 ) -> CliResult<Outcome> {
     let mut input = std::fs::File::open(file)
         .map_err(|e| CliError::failure(format!("open {}: {e}", file.display())))?;
-    let len = input
-        .metadata()
-        .map_err(|e| CliError::failure(format!("stat {}: {e}", file.display())))?
-        .len();
+    let len = image_len(&mut input)
+        .map_err(|e| CliError::failure(format!("stat {}: {e}", file.display())))?;
     if len == 0 {
         return Err(CliError::failure(format!("{} is empty", file.display())));
     }
@@ -245,6 +244,19 @@ fn import(
     }
     bar.finish_and_clear();
     imported(store, &vol, name, &source, len)
+}
+
+/// The length of a regular file, or of a block device (its `st_size` is 0: the length
+/// is where a seek to its end lands).
+fn image_len(input: &mut std::fs::File) -> std::io::Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    let meta = input.metadata()?;
+    if meta.is_file() {
+        return Ok(meta.len());
+    }
+    let len = input.seek(SeekFrom::End(0))?;
+    input.seek(SeekFrom::Start(0))?;
+    Ok(len)
 }
 
 /// `volume import` of an image read as a stream (stdin, a pipe), whose length is known
