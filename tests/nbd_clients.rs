@@ -1256,6 +1256,45 @@ fn every_writing_command_works_while_serving() {
     ok(run(&["volume", "export", t.d(), "streamed", s(&back)]));
     assert!(std::fs::read(&back).unwrap() == pad);
 
+    // Stdout and stdin, by `-` or by their /dev names, are this command's, never the
+    // server's: the image goes to (comes from) the command, the report to stderr.
+    for target in ["-", "/dev/stdout"] {
+        let exported = run(&["volume", "export", t.d(), "streamed", target]);
+        assert!(exported.status.success(), "export to {target}");
+        assert!(
+            exported.stdout == pad,
+            "export to {target}: the image on stdout"
+        );
+        let report = String::from_utf8_lossy(&exported.stderr);
+        assert!(
+            report.starts_with("exported volume streamed to stdout: "),
+            "{report}"
+        );
+    }
+    // A regular file on stdin: /dev/stdin resolves to it, a path the server could
+    // open, but the server's /dev/stdin is another file.
+    let image_file = tmp.path().join("image.raw");
+    std::fs::write(&image_file, &image).unwrap();
+    let out = ok(Command::new(BIN)
+        .args(["volume", "import", t.d(), "from-dev-stdin", "/dev/stdin"])
+        .stdin(std::fs::File::open(&image_file).unwrap())
+        .output()
+        .unwrap());
+    assert!(
+        out.starts_with("imported the input into volume from-dev-stdin: "),
+        "{out}"
+    );
+    let back_stdin = tmp.path().join("back-stdin.raw");
+    ok(run(&[
+        "volume",
+        "export",
+        t.d(),
+        "from-dev-stdin",
+        s(&back_stdin),
+    ]));
+    assert!(std::fs::read(&back_stdin).unwrap() == pad);
+    ok(run(&["volume", "drop", t.d(), "from-dev-stdin"]));
+
     // An image still being imported is not exported until it is whole.
     let mut slow = Command::new(BIN)
         .args(["volume", "import", t.d(), "slow", "-"])

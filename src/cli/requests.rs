@@ -77,30 +77,84 @@ pub fn volume(ctx: &Ctx, out: &mut impl Write, cmd: &VolumeCommand) -> CliResult
             };
             return run(ctx, out, dir, request, input);
         }
-        VolumeCommand::Export { dir, name, file } => (
-            dir,
-            Request::VolumeExport {
-                name: owned(name),
-                // `-` is stdout, which only this process can write to.
-                file: match file == Path::new("-") {
-                    true => "-".to_owned(),
-                    false => absolute(file)?,
+        VolumeCommand::Export { dir, name, file } => {
+            // Stdout (`-`, `/dev/stdout`) and this process's other descriptors
+            // (`/dev/fd/N`) only this process can write to: the export runs here, on a
+            // read-only open beside a running server (it then holds every write the
+            // server has made durable).
+            let own = match own_descriptor(file) {
+                Some(1) => Some("-".to_owned()),
+                Some(_) => Some(file.display().to_string()),
+                None if file == Path::new("-") => Some("-".to_owned()),
+                None => None,
+            };
+            if let Some(file) = own {
+                let request = Request::VolumeExport {
+                    name: owned(name),
+                    file,
+                };
+                return run_here_read_only(ctx, out, dir, &request);
+            }
+            (
+                dir,
+                Request::VolumeExport {
+                    name: owned(name),
+                    file: absolute(file)?,
                 },
-            },
-        ),
+            )
+        }
     };
     run(ctx, out, dir, request, None)
 }
 
+/// The descriptor of this process that `path` names, if it names one: `/dev/stdin`,
+/// `/dev/stdout`, `/dev/fd/N`, `/proc/self/fd/N` (following symbolic links, as
+/// `/dev/stdout` is one). A server given such a path would open its own descriptor.
+fn own_descriptor(path: &Path) -> Option<u32> {
+    let mut path = std::path::absolute(path).ok()?;
+    let pid = format!("/proc/{}/fd", std::process::id());
+    for _ in 0..8 {
+        for dir in [
+            "/dev/fd",
+            "/proc/self/fd",
+            "/proc/thread-self/fd",
+            pid.as_str(),
+        ] {
+            if let Ok(rest) = path.strip_prefix(dir) {
+                return rest.to_str()?.parse().ok();
+            }
+        }
+        let target = std::fs::read_link(&path).ok()?;
+        path = match path.parent() {
+            Some(parent) => parent.join(target),
+            None => target,
+        };
+    }
+    None
+}
+
+/// Runs a read-only `request` in this process even when a server holds the store (a
+/// read-only open sees what the server has made durable).
+fn run_here_read_only(ctx: &Ctx, out: &mut impl Write, dir: &Path, request: &Request) -> CliResult {
+    request.check()?;
+    let store = open_read_only(dir)?;
+    execute(&store, dir, ctx, request, &mut std::io::empty(), out)
+}
+
 /// Where `volume import` reads its image: a regular file or a block device by its
 /// (absolute) path, which a server opens itself (both have a length); or stdin (`-`),
-/// a pipe or a character device, which only this process can read (`/dev/stdin`,
-/// `<(xz -dc image.xz)` name this process's descriptors), so its bytes become the
-/// request's input.
+/// one of this process's descriptors (`/dev/stdin`, `<(xz -dc image.xz)`: a server
+/// would open its own), a pipe or a character device, read here as a stream: its bytes
+/// become the request's input.
 fn image_source(file: &Path) -> CliResult<(Option<String>, Option<Input>)> {
     use std::os::unix::fs::FileTypeExt;
-    if file == Path::new("-") {
+    if file == Path::new("-") || own_descriptor(file) == Some(0) {
         return Ok((None, Some(Box::new(std::io::stdin()))));
+    }
+    if own_descriptor(file).is_some() {
+        let stream = std::fs::File::open(file)
+            .map_err(|e| CliError::failure(format!("open {}: {e}", file.display())))?;
+        return Ok((None, Some(Box::new(stream))));
     }
     let meta = std::fs::metadata(file)
         .map_err(|e| CliError::failure(format!("open {}: {e}", file.display())))?;
