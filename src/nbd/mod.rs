@@ -246,9 +246,10 @@ pub trait Export: Send {
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
     /// Connections served at once. Beyond it a new connection takes the place of
-    /// the one idle the longest (in its handshake, or waiting for a request with
-    /// every one before answered), if one has been idle `evict_idle_after`;
-    /// otherwise it is closed at once. Default: as many idle connections (~2.6 MiB
+    /// the one idle the longest, if one has been idle `evict_idle_after`: one still
+    /// in its handshake (a socket that never says a word) before any session
+    /// (waiting for a request with every one before answered); otherwise it is
+    /// closed at once. Default: as many idle connections (~2.6 MiB
     /// each: a thread's allocator arena on a huge page, its buffers) as fit in a
     /// sixteenth of the memory this process may use, between 16 and 256: 256 from
     /// about 11 GiB up, 24 at 1 GiB; 256 where the memory is not known.

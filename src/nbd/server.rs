@@ -97,12 +97,17 @@ impl Shared {
     }
 
     /// Ends the connection idle the longest, if one has been idle for `after` at
-    /// least: its reading side is shut, so it sees the client leave between two
-    /// requests (having answered every one) or in its handshake. Whether one was.
+    /// least, sessions last: while any connection is in its handshake only those
+    /// are candidates (a flood of sockets that never say a word makes way for
+    /// itself, not for an idle client's disk); otherwise a session waiting for a
+    /// request with every one before answered. Its reading side is shut, so it sees
+    /// the client leave. Whether one was.
     fn evict_idlest(&self, after: Duration) -> bool {
         let now = self.epoch.elapsed().as_nanos();
         let conns = self.conns();
+        let sessions_only = conns.values().all(|(_, a)| a.is_established());
         let idlest = (conns.values())
+            .filter(|(_, a)| a.is_established() == sessions_only)
             .filter_map(|(s, a)| Some((s, a, a.idle_since()?)))
             .filter(|&(_, _, since)| now.saturating_sub(u128::from(since)) >= after.as_nanos())
             .min_by_key(|&(_, _, since)| since);
@@ -207,8 +212,8 @@ impl Server {
             }
             threads.retain(|t| !t.is_finished());
             // At the limit, a newcomer takes the place of the connection idle the
-            // longest (an evicted one may still be ending: the limit is on the ones
-            // served, not on threads for a moment).
+            // longest, sessions last (an evicted one may still be ending: the limit
+            // is on the ones served, not on threads for a moment).
             if threads.len() >= self.opts.max_connections
                 && !self.shared.evict_idlest(self.opts.evict_idle_after)
             {
@@ -311,6 +316,7 @@ fn serve_connection(
     let Some(session) = handshake::negotiate(&mut r, &mut w, exports, opts)? else {
         return Ok(());
     };
+    activity.establish();
     r.get_mut().set_deadline(None)?;
     r.get_mut().set_stall_timeout(Some(opts.stall_timeout))?;
     r.get_mut().set_poll_max(opts.poll_max);

@@ -547,6 +547,46 @@ fn a_newcomer_takes_the_place_of_the_connection_idle_the_longest() {
     drop(flood);
 }
 
+/// Sockets that never say a word make way for each other before any session does:
+/// a flood of them (more than the cap) leaves every idle session standing, and a
+/// client still gets in.
+#[test]
+fn a_silent_flood_makes_way_for_itself_not_for_idle_sessions() {
+    let idle = Duration::from_millis(50);
+    let srv = evicting_server(4, idle);
+    let mut sessions: Vec<_> = (0..3u8)
+        .map(|i| {
+            let mut c = srv.client("disk1", false, false);
+            let at = u64::from(i) * 4096;
+            assert_eq!(
+                c.cmd(proto::CMD_WRITE, 0, at, 4, &[i + 1; 4])
+                    .unwrap()
+                    .error,
+                0
+            );
+            c
+        })
+        .collect();
+    std::thread::sleep(2 * idle);
+    let mut flood = Vec::new();
+    for _ in 0..5 {
+        flood.extend((0..50).map(|_| UnixStream::connect(&srv.path).unwrap()));
+        std::thread::sleep(2 * idle);
+    }
+    for (i, c) in (0u8..).zip(&mut sessions) {
+        let r = c
+            .cmd(proto::CMD_READ, 0, u64::from(i) * 4096, 4, &[])
+            .unwrap();
+        assert_eq!(r.data, [i + 1; 4], "session {i} outlived the flood");
+    }
+    let mut late = srv.client("disk1", false, false);
+    assert_eq!(
+        late.cmd(proto::CMD_READ, 0, 0, 4, &[]).unwrap().data,
+        [1; 4]
+    );
+    drop(flood);
+}
+
 #[test]
 fn shutdown_finishes_and_removes_socket() {
     let mut srv = server();
