@@ -278,6 +278,25 @@ fn import_from_stdin_and_pipes() {
     assert!(ok(t.run("verify", &[])).contains("clean"));
 }
 
+/// An export that fails removes the file it made (half an image is no image): a
+/// 4 EiB volume is larger than most file systems take (ext4: 16 TiB); where one takes
+/// it, the export of its holes succeeds.
+#[test]
+fn a_failed_export_leaves_no_file() {
+    let t = TestStore::new();
+    ok(t.volume("create", &["huge", "--size", "4E"]));
+    let tmp = tempfile::tempdir().unwrap();
+    let out_file = tmp.path().join("huge.raw");
+    let out = t.volume("export", &["huge", s(&out_file)]);
+    match out.status.code() {
+        Some(0) => assert_eq!(std::fs::metadata(&out_file).unwrap().len(), 4 << 60),
+        _ => {
+            fails(out, 3, &["huge.raw"]);
+            assert!(!out_file.exists(), "the failed export left its file");
+        }
+    }
+}
+
 /// A loop device over `image`, detached on drop; `None` where this machine does not
 /// let the test make one (no root, no loop driver).
 struct LoopDevice(String);

@@ -1386,6 +1386,36 @@ fn a_store_whose_socket_paths_are_too_long_for_an_address() {
     assert!(listed.contains("snap"), "{listed}");
 }
 
+/// A file that is not a socket where `serve` would make one (the NBD socket or the
+/// control socket) is never removed: the server refuses to start, exit 3, naming it.
+#[test]
+fn serve_does_not_remove_a_file_where_its_sockets_go() {
+    let t = TestStore::new();
+    t.create("disk", "1M");
+    for name in ["nbd.sock", "control.sock"] {
+        let path = t.dir.join(name);
+        std::fs::write(&path, b"not a socket").unwrap();
+        let out = Command::new(BIN)
+            .args(["serve", t.d()])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(3), "{name}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("is not a socket"),
+            "{name}: {}",
+            stderr(&out)
+        );
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            b"not a socket",
+            "{name} kept"
+        );
+        std::fs::remove_file(&path).unwrap();
+    }
+    t.verify_clean();
+}
+
 /// An idle `cambium batch` (waiting on its stdin) run by the server must not stall
 /// NBD writes, nor keep SIGTERM from stopping the server.
 #[test]

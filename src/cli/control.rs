@@ -364,7 +364,8 @@ pub fn send(
             return Err(output_failed.map_or_else(
                 || {
                     CliError::failure(format!(
-                        "the server at {} went away before it answered (did it stop?)",
+                        "the server at {} went away before it answered (did it stop?): \
+                         the request may have been carried out or not; look before retrying",
                         path.display()
                     ))
                 },

@@ -269,7 +269,18 @@ impl Control {
     /// writer lock we hold says no other server runs on this store).
     fn start(dir: &Path, store: Store) -> CliResult<Control> {
         let path = control::socket_path(dir);
-        let _ = std::fs::remove_file(&path);
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) if !std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()) => {
+                return Err(CliError::failure(format!(
+                    "{} exists and is not a socket (move it away)",
+                    path.display()
+                )));
+            }
+            Ok(_) => {
+                let _ = std::fs::remove_file(&path);
+            }
+            Err(_) => {}
+        }
         let listener = cambium::io::bind_unix(&path)
             .map_err(|e| CliError::failure(format!("bind {}: {e}", path.display())))?;
         let cutoff = ControlCutoff {

@@ -393,6 +393,8 @@ fn export(
     let fail = |what: &str, e: std::io::Error| {
         CliError::failure(format!("{what} {}: {e}", file.display()))
     };
+    // Whether this export made the output file (a failed one then removes it).
+    let mut created = false;
     let mut sink = if file == Path::new("-") {
         if !local {
             return Err(CliError::failure(
@@ -413,12 +415,37 @@ fn export(
                 let sync = out.try_clone().ok();
                 ExportSink::Stream(Box::new(out), 0, sync)
             }
-            _ => {
+            found => {
                 let out = std::fs::File::create(file).map_err(|e| fail("create", e))?;
-                out.set_len(vol.size()).map_err(|e| fail("size", e))?;
+                created = found.is_err();
+                if let Err(e) = out.set_len(vol.size()) {
+                    if created {
+                        let _ = std::fs::remove_file(file);
+                    }
+                    return Err(fail("size", e));
+                }
                 ExportSink::Sparse(out)
             }
         }
+    };
+    let result = export_to(&vol, name, file, &mut sink, progress);
+    if result.is_err() && created {
+        // Half an image is no image: a file this export made goes again.
+        let _ = std::fs::remove_file(file);
+    }
+    result
+}
+
+/// The body of [`export`]: `vol`'s blocks into `sink`, and what to report.
+fn export_to(
+    vol: &Volume,
+    name: &str,
+    file: &Path,
+    sink: &mut ExportSink,
+    progress: &Progress<'_>,
+) -> CliResult<Outcome> {
+    let fail = |what: &str, e: std::io::Error| {
+        CliError::failure(format!("{what} {}: {e}", file.display()))
     };
     let bar = progress.bar(Some(vol.size()), "exporting");
     // Adjacent blocks go out in one write of up to 1 MiB.
@@ -437,7 +464,7 @@ fn export(
     vol.for_each_block(|offset, block| {
         let adjacent = run_at + run.len() as u64 == offset;
         if !run.is_empty() && (!adjacent || run.len() >= IMPORT_CHUNK_BYTES) {
-            flush(&mut sink, &mut run, run_at)?;
+            flush(sink, &mut run, run_at)?;
         }
         if run.is_empty() {
             run_at = offset;
@@ -447,7 +474,7 @@ fn export(
         Ok(())
     })?;
     if !run.is_empty() {
-        flush(&mut sink, &mut run, run_at)?;
+        flush(sink, &mut run, run_at)?;
     }
     sink.finish(vol.size()).map_err(|e| fail("write", e))?;
     bar.finish_and_clear();
