@@ -278,6 +278,19 @@ fn import_from_stdin_and_pipes() {
     assert!(ok(t.run("verify", &[])).contains("clean"));
 }
 
+/// A snapshot of a snapshot says what it was made of.
+#[test]
+fn a_snapshot_of_a_snapshot_says_so() {
+    let t = TestStore::new();
+    ok(t.volume("create", &["disk", "--size", "1M"]));
+    ok(t.volume("snapshot", &["disk", "s1"]));
+    let out = ok(t.volume("snapshot", &["s1", "s1b"]));
+    assert!(
+        out.starts_with("created snapshot s1b of snapshot s1 in "),
+        "{out}"
+    );
+}
+
 /// An export that fails removes the file it made (half an image is no image): a
 /// 4 EiB volume is larger than most file systems take (ext4: 16 TiB); where one takes
 /// it, the export of its holes succeeds.

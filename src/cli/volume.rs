@@ -48,9 +48,14 @@ pub fn execute(
             let (pause, durable) = timed(store, || {
                 Volume::snapshot_timed(store, volume, name, Durability::Deferred)
             })?;
+            // A snapshot of a snapshot is one too (its blocks shared with it).
+            let of = match Volume::open(store, volume).is_ok_and(|v| v.is_read_only()) {
+                true => "snapshot",
+                false => "volume",
+            };
             Outcome::new(
                 format!(
-                    "created snapshot {name} of volume {volume} in {} (durable in {})\n",
+                    "created snapshot {name} of {of} {volume} in {} (durable in {})\n",
                     ms(pause),
                     ms(durable)
                 ),
