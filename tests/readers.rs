@@ -107,3 +107,74 @@ fn read_only_opens_beside_a_checkpointing_writer_see_consistent_durable_states()
         Some(last.to_string().into_bytes())
     );
 }
+
+/// A read-only open in another process reads segments it opened long ago: while it
+/// is open, the writer must not recycle an emptied segment it may still read (a
+/// spare file is rewritten in place). Here the reader opens a volume holding pattern
+/// A, the writer overwrites it three times with B over checkpoints (segments empty,
+/// become spares, the data stream would reuse them), and the reader still reads A
+/// whole. (The case occurs: spare files exist after the second pass.)
+#[test]
+fn a_reader_keeps_reading_segments_the_writer_emptied() {
+    use cambium::volume::Volume;
+    use cambium::Durability;
+    const SIZE: u64 = 160 << 20;
+    const WRITE: usize = 1 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let writer = Store::create(&path).unwrap();
+    let vol = Volume::create(&writer, "v", SIZE, 4096).unwrap();
+    let pattern = |fill: u8, at: u64| -> Vec<u8> {
+        let mut chunk = vec![fill; WRITE];
+        chunk[..8].copy_from_slice(&at.to_le_bytes());
+        chunk
+    };
+    let pass = |fill: u8| {
+        for at in (0..SIZE).step_by(WRITE) {
+            vol.write_at(at, &pattern(fill, at), Durability::Deferred)
+                .unwrap();
+        }
+        // One checkpoint finds the emptied segments, the next deletes them (or makes
+        // them spares).
+        writer.checkpoint().unwrap();
+        writer.checkpoint().unwrap();
+    };
+    pass(0xA1);
+    let reader = Store::open_with(
+        &path,
+        Options {
+            read_only: true,
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let old = Volume::open(&reader, "v").unwrap();
+    pass(0xB2);
+    pass(0xB3);
+    let spares = std::fs::read_dir(&path)
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            name.to_string_lossy().starts_with("spare-")
+        })
+        .count();
+    assert!(
+        spares > 0,
+        "no emptied segment became a spare: the case did not occur"
+    );
+    pass(0xB4);
+    let mut back = vec![0u8; WRITE];
+    for at in (0..SIZE).step_by(WRITE) {
+        old.read_at(at, &mut back)
+            .unwrap_or_else(|e| panic!("the reader's read at {at}: {e}"));
+        assert!(
+            back == pattern(0xA1, at),
+            "the reader's block at {at} changed"
+        );
+    }
+    drop(old);
+    reader.close().unwrap();
+    let mut now = vec![0u8; WRITE];
+    vol.read_at(0, &mut now).unwrap();
+    assert!(now == pattern(0xB4, 0));
+}

@@ -8,8 +8,10 @@
 //!   shared `flock` on `superblock`, which it opens read-only: it needs no write
 //!   permission and creates nothing. The engine itself never waits for readers (a
 //!   reader keeps every file it reads open, and no file is rewritten in place while
-//!   it could be read; see `recovery`), so the lock only tells outside tools that a
-//!   reader is there: `flock -x superblock` waits for them.
+//!   it could be read; see `recovery`). The writer only looks whether one is there
+//!   ([`readers_present`]) before it rewrites a segment file in place (a spare
+//!   recycled, an emptied segment cut back); outside tools can wait for them:
+//!   `flock -x superblock`.
 //!
 //! `LOCK` also carries what readers in other processes need to know of the writer:
 //! its PID (for "in use by pid N" messages) and the last LSN whose log record is
@@ -161,6 +163,17 @@ pub(crate) fn lock(dir: &Path, kind: LockKind) -> io::Result<Box<dyn StoreLock>>
             Ok(Box::new(ReaderLock(file)))
         }
     }
+}
+
+/// Whether a reader holds its shared lock on `superblock` (or whether one does
+/// cannot be told): an exclusive lock taken and dropped at once, never waited for.
+/// A reader that takes its lock after this looked reads the superblock after it.
+pub(crate) fn readers_present(dir: &Path) -> bool {
+    let Ok(file) = File::open(dir.join(SUPERBLOCK_FILE)) else {
+        return true;
+    };
+    // Dropping the file releases the lock.
+    file.try_lock().is_err()
 }
 
 /// The last durable LSN the writer published, if one did (`None`: replay every valid

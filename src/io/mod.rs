@@ -109,6 +109,14 @@ pub trait Vfs: Send + Sync {
     fn published_synced(&self) -> Option<u64> {
         None
     }
+    /// Whether a reader in another process may hold the store open (its shared lock
+    /// is there, or cannot be ruled out): such a reader reads files it opened long
+    /// ago, so none may be rewritten in place meanwhile (a spare segment recycled,
+    /// an emptied one cut back). A reader that opens after this answers no sees only
+    /// files a durable superblock names.
+    fn readers_present(&self) -> bool {
+        false
+    }
     /// Whether `VFile::sync`s of different files may run on several threads at once,
     /// so that their waits overlap (a real file system). The default, no, keeps one
     /// order of operations: the simulated file system's, which must replay the same

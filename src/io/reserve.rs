@@ -295,6 +295,10 @@ impl Vfs for ReserveVfs {
         self.inner.published_synced()
     }
 
+    fn readers_present(&self) -> bool {
+        self.inner.readers_present()
+    }
+
     fn syncs_overlap(&self) -> bool {
         self.inner.syncs_overlap()
     }

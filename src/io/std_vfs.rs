@@ -374,6 +374,9 @@ impl Vfs for StdVfs {
     fn published_synced(&self) -> Option<u64> {
         lock_file::published_synced(&self.dir)
     }
+    fn readers_present(&self) -> bool {
+        lock_file::readers_present(&self.dir)
+    }
     fn syncs_overlap(&self) -> bool {
         true
     }

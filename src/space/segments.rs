@@ -793,6 +793,13 @@ impl Segments {
             }
             spares.remove(0)
         };
+        if self.vfs.readers_present() {
+            // A reader in another process may still read the segment this spare was
+            // through its open descriptor: unlinked, its bytes stay for the reader,
+            // and the space comes back when the reader closes.
+            let _ = self.vfs.remove(&spare);
+            return None;
+        }
         let name = id.file_name();
         let reused = (|| -> std::io::Result<Arc<dyn VFile>> {
             let file = self.vfs.open(&spare)?;
@@ -1840,6 +1847,11 @@ impl Segments {
     /// append can reach it. Best effort: what stays is dead bytes; a crash may bring
     /// them back (the cut is not synced), the same.
     pub(crate) fn cut_to_header(&self, id: SegmentId) {
+        // A reader in another process may still read it (then it goes whole, once a
+        // newer segment exists).
+        if self.vfs.readers_present() {
+            return;
+        }
         if let Some(file) = self.file(id) {
             if file.len().is_ok_and(|len| len > SEGMENT_HEADER_SIZE) {
                 let _ = file.set_len(SEGMENT_HEADER_SIZE);
