@@ -1275,6 +1275,21 @@ fn every_writing_command_works_while_serving() {
     // open, but the server's /dev/stdin is another file.
     let image_file = tmp.path().join("image.raw");
     std::fs::write(&image_file, &image).unwrap();
+    // A write the server answered but no client flushed is in such an export too
+    // (the command asks the server for a checkpoint before it reads).
+    t.create("unflushed", "1M");
+    let (mut c, _, _) = go(&server.sock, "unflushed");
+    assert_eq!(raw_write(&mut c, 7, 8192, &[0x5A; 4096]), 0);
+    let exported = run(&["volume", "export", t.d(), "unflushed", "-"]);
+    assert!(exported.status.success(), "{}", stderr(&exported));
+    assert!(
+        exported.stdout[8192..12288] == [0x5A; 4096],
+        "the unflushed write"
+    );
+    assert!(exported.stdout[..8192].iter().all(|&b| b == 0));
+    drop(c);
+    ok(run(&["volume", "drop", t.d(), "unflushed"]));
+
     let out = ok(Command::new(BIN)
         .args(["volume", "import", t.d(), "from-dev-stdin", "/dev/stdin"])
         .stdin(std::fs::File::open(&image_file).unwrap())

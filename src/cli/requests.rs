@@ -133,10 +133,21 @@ fn own_descriptor(path: &Path) -> Option<u32> {
     None
 }
 
-/// Runs a read-only `request` in this process even when a server holds the store (a
-/// read-only open sees what the server has made durable).
+/// Runs a read-only `request` in this process even when a server holds the store. A
+/// read-only open sees what the server has made durable, so a server there is asked
+/// for a checkpoint first: the request then sees every write it answered before.
 fn run_here_read_only(ctx: &Ctx, out: &mut impl Write, dir: &Path, request: &Request) -> CliResult {
     request.check()?;
+    let checkpoint = Envelope {
+        json: false,
+        hex: false,
+        dir: dir.to_str().map(str::to_owned),
+        request: Request::Checkpoint,
+    };
+    // Its own context: a checkpoint is not this command's change (a failure after
+    // it is still an error, not a warning).
+    let quiet = Ctx::new(false, false, true);
+    control::send(&quiet, dir, &checkpoint, &mut None, &mut std::io::sink())?;
     let store = open_read_only(dir)?;
     execute(&store, dir, ctx, request, &mut std::io::empty(), out)
 }
