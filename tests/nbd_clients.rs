@@ -1401,6 +1401,44 @@ fn a_store_whose_socket_paths_are_too_long_for_an_address() {
     assert!(listed.contains("snap"), "{listed}");
 }
 
+/// A script that starts `serve` and runs a writing command at the same moment: both
+/// succeed whichever takes the store first (the command waits for the starting
+/// server's control socket; the server waits for the command to finish).
+#[test]
+fn serve_and_a_command_started_together_both_succeed() {
+    let t = TestStore::new();
+    t.create("disk", "1M");
+    for round in 0..6 {
+        let name = format!("v{round}");
+        let command = {
+            let (dir, name) = (t.d().to_owned(), name.clone());
+            move || run(&["volume", "create", &dir, &name, "--size", "1M"])
+        };
+        // Alternately the command a little ahead of the server, and the other way.
+        let (server, created) = if round % 2 == 0 {
+            let cmd = std::thread::spawn(command);
+            let server = Server::start(&t.dir);
+            (server, cmd.join().unwrap())
+        } else {
+            let cmd = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(5));
+                command()
+            });
+            let server = Server::start(&t.dir);
+            (server, cmd.join().unwrap())
+        };
+        assert_eq!(
+            created.status.code(),
+            Some(0),
+            "round {round}: {}",
+            stderr(&created)
+        );
+        assert!(listed_names(&server.sock).contains(&name), "round {round}");
+        server.stop_clean(&t.dir);
+    }
+    t.verify_clean();
+}
+
 /// A file that is not a socket where `serve` would make one (the NBD socket or the
 /// control socket) is never removed: the server refuses to start, exit 3, naming it.
 #[test]

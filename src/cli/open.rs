@@ -53,6 +53,26 @@ pub fn open_writable_waiting(dir: &Path, wait: Option<Duration>) -> Result<Store
     )
 }
 
+/// How long, without `--wait`, a command waits for a `serve` starting on the store
+/// to answer on its control socket, and `serve` for a command that holds the store
+/// as it starts to finish: two processes started together by a script must not fail
+/// by a race.
+pub const SERVER_START_WAIT: Duration = Duration::from_secs(30);
+
+/// Whether process `pid` is a `cambium serve` (its command line, from `/proc`).
+pub fn is_serve(pid: u32) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let mut args = cmdline.split(|&b| b == 0);
+    let program = args.next().unwrap_or_default();
+    Path::new(std::ffi::OsStr::from_bytes(program))
+        .file_name()
+        .is_some_and(|name| name.to_string_lossy().starts_with("cambium"))
+        && args.any(|a| a == b"serve")
+}
+
 /// A store in use by another writer: say what works meanwhile, or how long we waited.
 pub fn in_use_hint(e: cambium::Error) -> CliError {
     if !matches!(e, cambium::Error::Locked { .. }) {

@@ -9,7 +9,7 @@ use super::codec::Encoding;
 use super::control::{self, Envelope, Outcome, Request};
 use super::error::{output_error, CliError, CliResult};
 use super::open::{
-    in_use_hint, lock_wait, open_read_only, open_writable, open_writable_waiting, Target,
+    in_use_hint, is_serve, lock_wait, open_read_only, open_writable, open_writable_waiting, Target,
 };
 use super::output::print_json;
 use super::{batch, data, space, versions, volume, Ctx};
@@ -268,7 +268,12 @@ fn open_or_reach_server(
     out: &mut impl Write,
 ) -> CliResult<Option<Store>> {
     let Some(wait) = lock_wait() else {
-        return open_writable(dir).map(Some);
+        return match open_writable_waiting(dir, None) {
+            Err(cambium::Error::Locked { pid: Some(pid) }) if is_serve(pid) => {
+                wait_for_starting_server(ctx, dir, envelope, input, out, pid)
+            }
+            opened => opened.map(Some).map_err(in_use_hint),
+        };
     };
     let deadline = std::time::Instant::now().checked_add(wait);
     loop {
@@ -285,6 +290,33 @@ fn open_or_reach_server(
             Ok(store) => return Ok(Some(store)),
         }
     }
+}
+
+/// How long a command waits for a `serve` that holds the store but does not answer
+/// on its control socket yet (it is opening the store: a recovery after a kill can
+/// take a while), even without `--wait`: a script that starts a server and runs a
+/// command at once would otherwise fail, or not, by a race.
+const SERVER_START_WAIT: std::time::Duration = super::open::SERVER_START_WAIT;
+
+/// Waits for the starting `serve` (process `pid`) to answer on its control socket,
+/// and has it run the request (`None`); once it is gone, or after
+/// [`SERVER_START_WAIT`], opens the store here as a command does without a server.
+fn wait_for_starting_server(
+    ctx: &Ctx,
+    dir: &Path,
+    envelope: &Envelope,
+    input: &mut Option<Input>,
+    out: &mut impl Write,
+    pid: u32,
+) -> CliResult<Option<Store>> {
+    let deadline = std::time::Instant::now() + SERVER_START_WAIT;
+    while std::time::Instant::now() < deadline && is_serve(pid) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        if control::send(ctx, dir, envelope, input, out)? {
+            return Ok(None);
+        }
+    }
+    open_writable(dir).map(Some)
 }
 
 /// How long one try at the writer lock waits, between looks at the control socket.

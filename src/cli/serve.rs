@@ -8,7 +8,7 @@
 
 use super::control::{self, Answer};
 use super::error::{output_error, CliError, CliResult};
-use super::open::lock_wait;
+use super::open::{self, lock_wait};
 use super::requests;
 use super::Ctx;
 use cambium::nbd::{Listen, Server, ServerOptions};
@@ -62,7 +62,22 @@ pub fn serve(
         log_small_values: tuning.log_small_writes,
         ..Default::default()
     };
-    let store = Store::open_with(dir, opts)?;
+    let store = match Store::open_with(dir, opts.clone()) {
+        // A command that held the store as the server started (a script running
+        // both at once) finishes soon: wait for it. Another server does not.
+        Err(cambium::Error::Locked { pid: Some(pid) })
+            if opts.lock_wait.is_none() && !open::is_serve(pid) =>
+        {
+            Store::open_with(
+                dir,
+                Options {
+                    lock_wait: Some(open::SERVER_START_WAIT),
+                    ..opts
+                },
+            )?
+        }
+        opened => opened?,
+    };
     // An absolute socket path, so that the URIs printed work from anywhere.
     let unix = |path: &Path| {
         std::path::absolute(path)
