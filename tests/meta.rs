@@ -197,6 +197,7 @@ fn crash_around_pending_deletion() {
     let ops = {
         let vfs = filled.fork();
         let store = dead_segment(&vfs);
+        assert!(has_segment_one(&vfs), "segment 1 is there until the close");
         let before = vfs.op_count();
         store.close().unwrap();
         assert!(!has_segment_one(&vfs));

@@ -1439,6 +1439,23 @@ fn serve_and_a_command_started_together_both_succeed() {
     t.verify_clean();
 }
 
+/// A server whose control socket file was removed by hand still stops at once on
+/// SIGTERM (its accept loop used to be woken only through that file).
+#[test]
+fn a_server_whose_control_socket_was_removed_still_stops() {
+    let t = TestStore::new();
+    t.create("disk", "1M");
+    let server = Server::start(&t.dir);
+    std::fs::remove_file(t.dir.join("control.sock")).unwrap();
+    let started = Instant::now();
+    server.stop_clean(&t.dir);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "stop took {:?}",
+        started.elapsed()
+    );
+}
+
 /// A file that is not a socket where `serve` would make one (the NBD socket or the
 /// control socket) is never removed: the server refuses to start, exit 3, naming it.
 #[test]

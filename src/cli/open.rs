@@ -36,13 +36,8 @@ pub fn open_read_only(dir: &Path) -> Result<Store, cambium::Error> {
 }
 
 /// Opens a store for writing, without a background checkpoint thread (the command
-/// checkpoints when it closes the store).
-pub fn open_writable(dir: &Path) -> CliResult<Store> {
-    Store::open_with(dir, writable()).map_err(in_use_hint)
-}
-
-/// [`open_writable`] waiting at most `wait` for another process's writer; its error
-/// as the engine gives it.
+/// checkpoints when it closes the store), waiting at most `wait` for another process's
+/// writer; its error as the engine gives it.
 pub fn open_writable_waiting(dir: &Path, wait: Option<Duration>) -> Result<Store, cambium::Error> {
     Store::open_with(
         dir,
@@ -54,12 +49,13 @@ pub fn open_writable_waiting(dir: &Path, wait: Option<Duration>) -> Result<Store
 }
 
 /// How long, without `--wait`, a command waits for a `serve` starting on the store
-/// to answer on its control socket, and `serve` for a command that holds the store
-/// as it starts to finish: two processes started together by a script must not fail
-/// by a race.
+/// to answer on its control socket (counted from the server's start), and `serve` for
+/// a command that holds the store as it starts to finish: two processes started
+/// together by a script must not fail by a race.
 pub const SERVER_START_WAIT: Duration = Duration::from_secs(30);
 
-/// Whether process `pid` is a `cambium serve` (its command line, from `/proc`).
+/// Whether process `pid` is a `cambium serve`: its program is `cambium…` and its
+/// first argument that is not an option is `serve` (from `/proc/PID/cmdline`).
 pub fn is_serve(pid: u32) -> bool {
     use std::os::unix::ffi::OsStrExt;
     let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
@@ -70,7 +66,32 @@ pub fn is_serve(pid: u32) -> bool {
     Path::new(std::ffi::OsStr::from_bytes(program))
         .file_name()
         .is_some_and(|name| name.to_string_lossy().starts_with("cambium"))
-        && args.any(|a| a == b"serve")
+        && args.find(|a| !a.starts_with(b"-")) == Some(b"serve".as_slice())
+}
+
+/// How much longer to wait for process `pid`, if it is a `cambium serve` started less
+/// than [`SERVER_START_WAIT`] ago (a server running for longer is not starting: a
+/// command does not wait for a control socket it has lost).
+pub fn serve_starting(pid: u32) -> Option<Duration> {
+    if !is_serve(pid) {
+        return None;
+    }
+    SERVER_START_WAIT.checked_sub(process_age(pid)?)
+}
+
+/// How long ago process `pid` started (`/proc/PID/stat`'s start time, in clock ticks
+/// of 1/100 s, the `USER_HZ` Linux shows every program, against `/proc/uptime`).
+fn process_age(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) in parentheses; the
+    // start time is field 22, the 20th after it.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let ticks: u64 = after_name.split_whitespace().nth(19)?.parse().ok()?;
+    let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
+    let uptime: f64 = uptime.split_whitespace().next()?.parse().ok()?;
+    #[expect(clippy::cast_precision_loss, reason = "seconds since boot, to 10 ms")]
+    let started = ticks as f64 / 100.0;
+    Some(Duration::from_secs_f64((uptime - started).max(0.0)))
 }
 
 /// A store in use by another writer: say what works meanwhile, or how long we waited.
@@ -85,7 +106,7 @@ pub fn in_use_hint(e: cambium::Error) -> CliError {
     CliError::new(exit_code_for(&e), format!("{e}{hint}"))
 }
 
-/// Creates a new, empty store, open for writing like [`open_writable`].
+/// Creates a new, empty store, open for writing like [`open_writable_waiting`].
 pub fn create(dir: &Path) -> Result<Store, cambium::Error> {
     Store::create_with(dir, writable())
 }

@@ -9,7 +9,7 @@ use super::codec::Encoding;
 use super::control::{self, Envelope, Outcome, Request};
 use super::error::{output_error, CliError, CliResult};
 use super::open::{
-    in_use_hint, is_serve, lock_wait, open_read_only, open_writable, open_writable_waiting, Target,
+    in_use_hint, is_serve, lock_wait, open_read_only, open_writable_waiting, serve_starting, Target,
 };
 use super::output::print_json;
 use super::{batch, data, space, versions, volume, Ctx};
@@ -147,7 +147,15 @@ fn run_here_read_only(ctx: &Ctx, out: &mut impl Write, dir: &Path, request: &Req
     // Its own context: a checkpoint is not this command's change (a failure after
     // it is still an error, not a warning).
     let quiet = Ctx::new(false, false, true);
-    control::send(&quiet, dir, &checkpoint, &mut None, &mut std::io::sink())?;
+    if let Err(e) = control::send(&quiet, dir, &checkpoint, &mut None, &mut std::io::sink()) {
+        // What the server has made durable can still be read (a full disk refuses
+        // the checkpoint, not the reading).
+        eprintln!(
+            "cambium: warning: the server's checkpoint failed ({}): reading what it has \
+             made durable",
+            e.msg
+        );
+    }
     let store = open_read_only(dir)?;
     execute(&store, dir, ctx, request, &mut std::io::empty(), out)
 }
@@ -268,12 +276,21 @@ fn open_or_reach_server(
     out: &mut impl Write,
 ) -> CliResult<Option<Store>> {
     let Some(wait) = lock_wait() else {
-        return match open_writable_waiting(dir, None) {
-            Err(cambium::Error::Locked { pid: Some(pid) }) if is_serve(pid) => {
-                wait_for_starting_server(ctx, dir, envelope, input, out, pid)
+        // The lock's record may still name the previous holder for a moment after a
+        // new one took it: a holder that is not a starting server is looked at twice.
+        for retry in [true, false] {
+            match open_writable_waiting(dir, None) {
+                Err(cambium::Error::Locked { pid: Some(pid) }) => match serve_starting(pid) {
+                    Some(left) => {
+                        return wait_for_starting_server(ctx, dir, envelope, input, out, pid, left)
+                    }
+                    None if retry => std::thread::sleep(LOCK_RECORD_LAG),
+                    None => return Err(in_use_hint(cambium::Error::Locked { pid: Some(pid) })),
+                },
+                opened => return opened.map(Some).map_err(in_use_hint),
             }
-            opened => opened.map(Some).map_err(in_use_hint),
-        };
+        }
+        unreachable!("the second look returns");
     };
     let deadline = std::time::Instant::now().checked_add(wait);
     loop {
@@ -292,15 +309,14 @@ fn open_or_reach_server(
     }
 }
 
-/// How long a command waits for a `serve` that holds the store but does not answer
-/// on its control socket yet (it is opening the store: a recovery after a kill can
-/// take a while), even without `--wait`: a script that starts a server and runs a
-/// command at once would otherwise fail, or not, by a race.
-const SERVER_START_WAIT: std::time::Duration = super::open::SERVER_START_WAIT;
+/// How long after taking the writer lock its holder writes its pid into the lock's
+/// record, at most, give or take a busy machine.
+const LOCK_RECORD_LAG: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// Waits for the starting `serve` (process `pid`) to answer on its control socket,
-/// and has it run the request (`None`); once it is gone, or after
-/// [`SERVER_START_WAIT`], opens the store here as a command does without a server.
+/// Waits up to `left` for the starting `serve` (process `pid`) to answer on its
+/// control socket, and has it run the request (`None`); once it is gone, or the time
+/// is up, opens the store here as a command does without a server (waiting a moment
+/// for the lock an exiting server still holds).
 fn wait_for_starting_server(
     ctx: &Ctx,
     dir: &Path,
@@ -308,15 +324,18 @@ fn wait_for_starting_server(
     input: &mut Option<Input>,
     out: &mut impl Write,
     pid: u32,
+    left: std::time::Duration,
 ) -> CliResult<Option<Store>> {
-    let deadline = std::time::Instant::now() + SERVER_START_WAIT;
+    let deadline = std::time::Instant::now() + left;
     while std::time::Instant::now() < deadline && is_serve(pid) {
         std::thread::sleep(std::time::Duration::from_millis(20));
         if control::send(ctx, dir, envelope, input, out)? {
             return Ok(None);
         }
     }
-    open_writable(dir).map(Some)
+    open_writable_waiting(dir, Some(std::time::Duration::from_secs(1)))
+        .map(Some)
+        .map_err(in_use_hint)
 }
 
 /// How long one try at the writer lock waits, between looks at the control socket.

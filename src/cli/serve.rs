@@ -62,21 +62,9 @@ pub fn serve(
         log_small_values: tuning.log_small_writes,
         ..Default::default()
     };
-    let store = match Store::open_with(dir, opts.clone()) {
-        // A command that held the store as the server started (a script running
-        // both at once) finishes soon: wait for it. Another server does not.
-        Err(cambium::Error::Locked { pid: Some(pid) })
-            if opts.lock_wait.is_none() && !open::is_serve(pid) =>
-        {
-            Store::open_with(
-                dir,
-                Options {
-                    lock_wait: Some(open::SERVER_START_WAIT),
-                    ..opts
-                },
-            )?
-        }
-        opened => opened?,
+    let Some(store) = open_beside_commands(dir, opts, &mut signals)? else {
+        // Stopped by a signal while it waited: nothing was opened.
+        return Ok(());
     };
     // An absolute socket path, so that the URIs printed work from anywhere.
     let unix = |path: &Path| {
@@ -133,6 +121,38 @@ pub fn serve(
     signal_handle.close();
     let _ = watcher.join();
     closed
+}
+
+/// Opens the store for the server. Without `--wait`, a command that holds the store
+/// as the server starts (a script running both at once) is waited for, up to
+/// [`open::SERVER_START_WAIT`], but not another server (looked at twice: the lock's
+/// record may name the previous holder for a moment). `None`: a SIGTERM or SIGINT
+/// came while it waited.
+fn open_beside_commands(
+    dir: &Path,
+    opts: Options,
+    signals: &mut signal_hook::iterator::Signals,
+) -> CliResult<Option<Store>> {
+    if opts.lock_wait.is_some() {
+        return Ok(Some(Store::open_with(dir, opts)?));
+    }
+    let deadline = std::time::Instant::now() + open::SERVER_START_WAIT;
+    let mut looked_at_server = false;
+    loop {
+        match Store::open_with(dir, opts.clone()) {
+            Err(cambium::Error::Locked { pid: Some(pid) })
+                if std::time::Instant::now() < deadline
+                    && !(looked_at_server && open::is_serve(pid)) =>
+            {
+                looked_at_server |= open::is_serve(pid);
+                std::thread::sleep(Duration::from_millis(50));
+                if signals.pending().next().is_some() {
+                    return Ok(None);
+                }
+            }
+            opened => return Ok(Some(opened.map_err(open::in_use_hint)?)),
+        }
+    }
 }
 
 /// How often the same failure is printed again while it repeats (a store that
@@ -256,6 +276,9 @@ struct Control {
 #[derive(Clone)]
 struct ControlCutoff {
     path: PathBuf,
+    /// The listening socket, also held here so that a stop can wake its accept loop
+    /// even when the socket file is gone (removed by hand).
+    listener: Arc<UnixListener>,
     stopping: Arc<AtomicBool>,
     requests: Arc<Mutex<Vec<Pending>>>,
 }
@@ -266,8 +289,18 @@ impl ControlCutoff {
     /// not committed is not), one already read runs on. Idempotent.
     fn cut_off(&self) {
         self.stopping.store(true, Ordering::SeqCst);
-        // Wake the accept loop.
-        let _ = cambium::io::connect_unix(&self.path);
+        // Wake the accept loop: a connection, or, if the socket file is gone, a
+        // shutdown of the listening socket, which fails its `accept` (Linux: EINVAL).
+        if cambium::io::connect_unix(&self.path).is_err() {
+            use std::os::fd::AsRawFd;
+            let fd = self.listener.as_raw_fd();
+            // SAFETY: `fd` is the listening socket `self.listener` owns, open for as
+            // long as this `Arc` lives; shutdown takes no pointers.
+            #[allow(unsafe_code, reason = "shutdown of a listening socket: see SAFETY")]
+            unsafe {
+                libc::shutdown(fd, libc::SHUT_RDWR);
+            }
+        }
         for p in self
             .requests
             .lock()
@@ -300,11 +333,16 @@ impl Control {
             .map_err(|e| CliError::failure(format!("bind {}: {e}", path.display())))?;
         let cutoff = ControlCutoff {
             path,
+            listener: Arc::new(listener),
             stopping: Arc::new(AtomicBool::new(false)),
             requests: Arc::default(),
         };
         let accept = {
-            let (stopping, requests) = (cutoff.stopping.clone(), cutoff.requests.clone());
+            let (listener, stopping, requests) = (
+                cutoff.listener.clone(),
+                cutoff.stopping.clone(),
+                cutoff.requests.clone(),
+            );
             std::thread::spawn(move || accept_loop(&listener, &store, &stopping, &requests))
         };
         Ok(Control { cutoff, accept })

@@ -420,9 +420,12 @@ fn export(
                 let sync = out.try_clone().ok();
                 ExportSink::Stream(Box::new(out), 0, sync)
             }
-            found => {
+            _ => {
+                // Made here unless a name was there (a dangling link included: the
+                // file made is its target, which removing the name would not remove).
+                let existed = std::fs::symlink_metadata(file).is_ok();
                 let out = std::fs::File::create(file).map_err(|e| fail("create", e))?;
-                created = found.is_err();
+                created = !existed;
                 if let Err(e) = out.set_len(vol.size()) {
                     if created {
                         let _ = std::fs::remove_file(file);
