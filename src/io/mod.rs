@@ -113,9 +113,10 @@ pub trait Vfs: Send + Sync {
     /// is there, or cannot be ruled out): such a reader reads files it opened long
     /// ago, so none may be rewritten in place meanwhile (a spare segment recycled,
     /// an emptied one cut back). A reader that opens after this answers no sees only
-    /// files a durable superblock names.
+    /// files a durable superblock names. The default, yes, is the safe answer for a
+    /// file system that cannot tell (a wrapper should ask what it wraps).
     fn readers_present(&self) -> bool {
-        false
+        true
     }
     /// Whether `VFile::sync`s of different files may run on several threads at once,
     /// so that their waits overlap (a real file system). The default, no, keeps one

@@ -204,6 +204,9 @@ mod tests {
     struct Overlapping(SimVfs);
 
     impl Vfs for Overlapping {
+        fn readers_present(&self) -> bool {
+            self.0.readers_present()
+        }
         fn open(&self, name: &str) -> io::Result<Arc<dyn VFile>> {
             self.0.open(name)
         }

@@ -730,6 +730,11 @@ impl VFile for SimFile {
 }
 
 impl Vfs for SimVfs {
+    /// No other process reads a simulated file system.
+    fn readers_present(&self) -> bool {
+        false
+    }
+
     fn open(&self, name: &str) -> io::Result<Arc<dyn VFile>> {
         let mut inner = self.lock_inner();
         inner.check_alive()?;

@@ -440,6 +440,9 @@ impl Hints {
 }
 
 impl Vfs for Hints {
+    fn readers_present(&self) -> bool {
+        self.sim.readers_present()
+    }
     fn open(&self, name: &str) -> std::io::Result<Arc<dyn VFile>> {
         Ok(self.wrap(name, self.sim.open(name)?))
     }

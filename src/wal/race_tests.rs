@@ -38,6 +38,9 @@ impl GateVfs {
 }
 
 impl Vfs for GateVfs {
+    fn readers_present(&self) -> bool {
+        self.inner.readers_present()
+    }
     fn open(&self, name: &str) -> std::io::Result<Arc<dyn VFile>> {
         self.inner.open(name)
     }
