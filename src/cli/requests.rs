@@ -167,13 +167,18 @@ fn run_here_read_only(ctx: &Ctx, out: &mut impl Write, dir: &Path, request: &Req
 /// become the request's input.
 fn image_source(file: &Path) -> CliResult<(Option<String>, Option<Input>)> {
     use std::os::unix::fs::FileTypeExt;
-    if file == Path::new("-") || own_descriptor(file) == Some(0) {
-        return Ok((None, Some(Box::new(std::io::stdin()))));
-    }
-    if own_descriptor(file).is_some() {
-        let stream = std::fs::File::open(file)
-            .map_err(|e| CliError::failure(format!("open {}: {e}", file.display())))?;
-        return Ok((None, Some(Box::new(stream))));
+    let own = match file == Path::new("-") {
+        true => Some(0),
+        false => own_descriptor(file),
+    };
+    match own {
+        Some(0) => return Ok((None, Some(Box::new(std::io::stdin())))),
+        Some(_) => {
+            let stream = std::fs::File::open(file)
+                .map_err(|e| CliError::failure(format!("open {}: {e}", file.display())))?;
+            return Ok((None, Some(Box::new(stream))));
+        }
+        None => {}
     }
     let meta = std::fs::metadata(file)
         .map_err(|e| CliError::failure(format!("open {}: {e}", file.display())))?;
@@ -278,19 +283,20 @@ fn open_or_reach_server(
     let Some(wait) = lock_wait() else {
         // The lock's record may still name the previous holder for a moment after a
         // new one took it: a holder that is not a starting server is looked at twice.
-        for retry in [true, false] {
-            match open_writable_waiting(dir, None) {
-                Err(cambium::Error::Locked { pid: Some(pid) }) => match serve_starting(pid) {
-                    Some(left) => {
-                        return wait_for_starting_server(ctx, dir, envelope, input, out, pid, left)
-                    }
-                    None if retry => std::thread::sleep(LOCK_RECORD_LAG),
-                    None => return Err(in_use_hint(cambium::Error::Locked { pid: Some(pid) })),
-                },
-                opened => return opened.map(Some).map_err(in_use_hint),
+        let opened = match open_writable_waiting(dir, None) {
+            Err(cambium::Error::Locked { pid: Some(pid) }) if serve_starting(pid).is_none() => {
+                std::thread::sleep(LOCK_RECORD_LAG);
+                open_writable_waiting(dir, None)
             }
-        }
-        unreachable!("the second look returns");
+            opened => opened,
+        };
+        return match opened {
+            Err(cambium::Error::Locked { pid: Some(pid) }) => match serve_starting(pid) {
+                Some(left) => wait_for_starting_server(ctx, dir, envelope, input, out, pid, left),
+                None => Err(in_use_hint(cambium::Error::Locked { pid: Some(pid) })),
+            },
+            opened => opened.map(Some).map_err(in_use_hint),
+        };
     };
     let deadline = std::time::Instant::now().checked_add(wait);
     loop {

@@ -426,12 +426,6 @@ fn export(
                 let existed = std::fs::symlink_metadata(file).is_ok();
                 let out = std::fs::File::create(file).map_err(|e| fail("create", e))?;
                 created = !existed;
-                if let Err(e) = out.set_len(vol.size()) {
-                    if created {
-                        let _ = std::fs::remove_file(file);
-                    }
-                    return Err(fail("size", e));
-                }
                 ExportSink::Sparse(out)
             }
         }
@@ -455,6 +449,9 @@ fn export_to(
     let fail = |what: &str, e: std::io::Error| {
         CliError::failure(format!("{what} {}: {e}", file.display()))
     };
+    if let ExportSink::Sparse(out) = sink {
+        out.set_len(vol.size()).map_err(|e| fail("size", e))?;
+    }
     let bar = progress.bar(Some(vol.size()), "exporting");
     // Adjacent blocks go out in one write of up to 1 MiB.
     let mut run: Vec<u8> = Vec::with_capacity(IMPORT_CHUNK_BYTES);
