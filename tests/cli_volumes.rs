@@ -278,6 +278,96 @@ fn import_from_stdin_and_pipes() {
     assert!(ok(t.run("verify", &[])).contains("clean"));
 }
 
+/// `--size` gives an import its volume's size: a larger one than the image reads as
+/// zeroes past it, a smaller one is refused (before anything is made, for a file;
+/// when the stream passes it, for a stream, whose volume then goes), and an endless
+/// stream (`/dev/zero`) ends in that refusal instead of being read forever.
+#[test]
+fn import_with_a_size() {
+    let t = TestStore::new();
+    let tmp = tempfile::tempdir().unwrap();
+    let image: Vec<u8> = (0..(3 << 20) + 100).map(|i| (i % 251) as u8 + 1).collect();
+    let file = tmp.path().join("image.raw");
+    std::fs::write(&file, &image).unwrap();
+
+    for (name, out) in [
+        (
+            "from-file",
+            t.volume("import", &["from-file", s(&file), "--size", "8M"]),
+        ),
+        (
+            "from-stdin",
+            cli_common::run_stdin(
+                &["volume", "import", t.d(), "from-stdin", "-", "--size", "8M"],
+                &image,
+            ),
+        ),
+    ] {
+        let out = ok(out);
+        assert!(
+            out.contains(&format!(
+                "8.0 MiB, 3.0 MiB allocated (the image's {} bytes, then zeroes)",
+                image.len()
+            )),
+            "{out}"
+        );
+        assert_eq!(
+            listed_as(&t.volume_json("list", &[]), name)["size_bytes"],
+            8u64 << 20
+        );
+        let back = tmp.path().join(format!("{name}.back"));
+        ok(t.volume("export", &[name, s(&back)]));
+        let mut expected = image.clone();
+        expected.resize(8 << 20, 0);
+        assert!(std::fs::read(&back).unwrap() == expected, "{name}");
+    }
+
+    fails(
+        t.volume("import", &["small-file", s(&file), "--size", "3M"]),
+        3,
+        &["image.raw is longer than the volume's --size 3145728 (3.0 MiB)"],
+    );
+    fails(
+        cli_common::run_stdin(
+            &[
+                "volume",
+                "import",
+                t.d(),
+                "small-stdin",
+                "-",
+                "--size",
+                "3M",
+            ],
+            &image,
+        ),
+        3,
+        &["the input is longer than the volume's --size 3145728 (3.0 MiB)"],
+    );
+    fails(
+        t.volume("import", &["endless", "/dev/zero", "--size", "16M"]),
+        3,
+        &["longer than the volume's --size 16777216 (16.0 MiB)"],
+    );
+    // An empty image with a size is a volume of zeroes.
+    ok(cli_common::run_stdin(
+        &["volume", "import", t.d(), "zeroes", "-", "--size", "1M"],
+        b"",
+    ));
+    let names: Vec<String> = t
+        .volume_json("list", &[])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        names,
+        ["from-file", "from-stdin", "zeroes"],
+        "refused imports leave nothing"
+    );
+    assert!(ok(t.run("verify", &[])).contains("clean"));
+}
+
 /// A snapshot of a snapshot says what it was made of.
 #[test]
 fn a_snapshot_of_a_snapshot_says_so() {

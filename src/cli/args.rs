@@ -364,6 +364,11 @@ pub enum VolumeCommand {
         /// The block size.
         #[arg(long, value_name = "SIZE", default_value = "4K", value_parser = parse_size)]
         block_size: u64,
+        /// The volume's size, at least the image's (past the image it reads as
+        /// zeroes); an image longer than it is refused. Without it the volume takes
+        /// the image's size (a stream's is known only at its end).
+        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+        size: Option<u64>,
     },
     /// Write volume NAME to a raw image FILE, sparse: holes are not written.
     Export {

@@ -90,6 +90,9 @@ pub enum Request {
         file: Option<String>,
         /// The block size.
         block_size: u32,
+        /// `--size`: the volume's size, which the image must fit.
+        #[serde(default)]
+        size_bytes: Option<u64>,
     },
     /// `volume export`
     VolumeExport {

@@ -65,6 +65,7 @@ pub fn volume(ctx: &Ctx, out: &mut impl Write, cmd: &VolumeCommand) -> CliResult
             name,
             file,
             block_size,
+            size,
         } => {
             let block_size = block_size_arg(*block_size)?;
             // Name errors (exit 2) come before the image's (exit 3), as for the others.
@@ -74,6 +75,7 @@ pub fn volume(ctx: &Ctx, out: &mut impl Write, cmd: &VolumeCommand) -> CliResult
                 name: owned(name),
                 file,
                 block_size,
+                size_bytes: *size,
             };
             return run(ctx, out, dir, request, input);
         }

@@ -101,12 +101,20 @@ pub fn execute(
             name,
             file: Some(file),
             block_size,
-        } => import(store, name, Path::new(file), *block_size, &progress),
+            size_bytes,
+        } => {
+            let shape = ImportShape::new(*block_size, *size_bytes);
+            import(store, name, Path::new(file), shape, &progress)
+        }
         Request::VolumeImport {
             name,
             file: None,
             block_size,
-        } => import_stream(store, name, input, *block_size, &progress),
+            size_bytes,
+        } => {
+            let shape = ImportShape::new(*block_size, *size_bytes);
+            import_stream(store, name, input, shape, &progress)
+        }
         Request::VolumeExport { name, file } => {
             export(store, name, Path::new(file), ctx.local, &progress)
         }
@@ -215,35 +223,71 @@ fn table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
     text
 }
 
+/// The volume an import makes: its block size, and its size if `--size` gave one
+/// (otherwise the image's, rounded up to whole blocks).
+#[derive(Clone, Copy)]
+struct ImportShape {
+    block_size: u32,
+    size: Option<u64>,
+}
+
+impl ImportShape {
+    fn new(block_size: u32, size: Option<u64>) -> ImportShape {
+        ImportShape { block_size, size }
+    }
+
+    /// The image's length rounded up to whole blocks.
+    fn rounded(&self, len: u64) -> u64 {
+        len.div_ceil(u64::from(self.block_size)) * u64::from(self.block_size)
+    }
+
+    /// The error for an image of `len` bytes, if it is longer than `--size`.
+    fn too_long(&self, source: &str, len: u64) -> Option<CliError> {
+        let size = self.size.filter(|&size| len > size)?;
+        Some(longer_than_size(source, size))
+    }
+}
+
+fn longer_than_size(source: &str, size: u64) -> CliError {
+    CliError::failure(format!(
+        "{source} is longer than the volume's --size {size} ({})",
+        human_bytes(size)
+    ))
+}
+
 /// `volume import`: a raw image (a regular file or a block device) into a new volume;
 /// zero blocks stay holes.
 fn import(
     store: &Store,
     name: &str,
     file: &Path,
-    block_size: u32,
+    shape: ImportShape,
     progress: &Progress<'_>,
 ) -> CliResult<Outcome> {
     let mut input = std::fs::File::open(file)
         .map_err(|e| CliError::failure(format!("open {}: {e}", file.display())))?;
     let len = image_len(&mut input)
         .map_err(|e| CliError::failure(format!("stat {}: {e}", file.display())))?;
-    if len == 0 {
-        return Err(CliError::failure(format!("{} is empty", file.display())));
-    }
-    let size = len.div_ceil(u64::from(block_size)) * u64::from(block_size);
-    let (mut vol, _filling) =
-        Volume::create_filling(store, name, size, block_size).map_err(usage_if_invalid)?;
-    let bar = progress.bar(Some(size), "importing");
     let source = file.display().to_string();
-    let copied = copy_stream(&mut vol, &mut (&mut input).take(len), &source, &bar).and_then(|n| {
-        if n < len {
-            return Err(CliError::failure(format!(
-                "read {source}: it ended after {n} of its {len} bytes"
-            )));
-        }
-        Ok(vol.complete()?)
-    });
+    if len == 0 && shape.size.is_none() {
+        return Err(CliError::failure(format!("{source} is empty")));
+    }
+    if let Some(e) = shape.too_long(&source, len) {
+        return Err(e);
+    }
+    let size = shape.size.unwrap_or(shape.rounded(len));
+    let (mut vol, _filling) =
+        Volume::create_filling(store, name, size, shape.block_size).map_err(usage_if_invalid)?;
+    let bar = progress.bar(Some(len), "importing");
+    let copied =
+        copy_stream(&mut vol, &mut (&mut input).take(len), &source, None, &bar).and_then(|n| {
+            if n < len {
+                return Err(CliError::failure(format!(
+                    "read {source}: it ended after {n} of its {len} bytes"
+                )));
+            }
+            Ok(vol.complete()?)
+        });
     if let Err(e) = copied {
         return Err(abandon(vol, e));
     }
@@ -265,27 +309,30 @@ fn image_len(input: &mut std::fs::File) -> std::io::Result<u64> {
 }
 
 /// `volume import` of an image read as a stream (stdin, a pipe), whose length is known
-/// only at its end: the volume grows (doubling) as the bytes come, then takes the
-/// image's length, rounded up to whole blocks.
+/// only at its end: without `--size` the volume grows (doubling) as the bytes come,
+/// then takes the image's length, rounded up to whole blocks; with it, the volume has
+/// that size from the start, and a stream that goes on past it is refused (an endless
+/// one, `/dev/zero`, would otherwise be read forever).
 fn import_stream(
     store: &Store,
     name: &str,
     input: &mut dyn BufRead,
-    block_size: u32,
+    shape: ImportShape,
     progress: &Progress<'_>,
 ) -> CliResult<Outcome> {
     let source = "the input";
-    let block = u64::from(block_size);
+    let initial = shape.size.unwrap_or(IMPORT_CHUNK_BYTES as u64);
     let (mut vol, _filling) =
-        Volume::create_filling(store, name, IMPORT_CHUNK_BYTES as u64, block_size)
-            .map_err(usage_if_invalid)?;
-    let bar = progress.bar(None, "importing");
-    let copied = copy_stream(&mut vol, input, source, &bar).and_then(|len| {
-        if len == 0 {
-            return Err(CliError::failure("the input is empty"));
+        Volume::create_filling(store, name, initial, shape.block_size).map_err(usage_if_invalid)?;
+    let bar = progress.bar(shape.size, "importing");
+    let limit = shape.size.map(|_| vol.size());
+    let copied = copy_stream(&mut vol, input, source, limit, &bar).and_then(|len| {
+        if shape.size.is_none() {
+            if len == 0 {
+                return Err(CliError::failure("the input is empty"));
+            }
+            vol.resize(shape.rounded(len)).map_err(usage_if_invalid)?;
         }
-        vol.resize(len.div_ceil(block) * block)
-            .map_err(usage_if_invalid)?;
         vol.complete()?;
         Ok(len)
     });
@@ -313,12 +360,14 @@ fn abandon(vol: Volume, e: CliError) -> CliError {
 }
 
 /// Copies `input` (`source`, for messages) to its end into the new volume `vol`,
-/// growing it as needed and skipping zero chunks (a new volume is all holes: a zero
-/// chunk needs no write at all); returns the bytes read.
+/// skipping zero chunks (a new volume is all holes: a zero chunk needs no write at
+/// all); returns the bytes read. Without a `limit` the volume grows as needed; with
+/// one, input past it is an error.
 fn copy_stream(
     vol: &mut Volume,
     input: &mut dyn Read,
     source: &str,
+    limit: Option<u64>,
     bar: &Bar<'_>,
 ) -> CliResult<u64> {
     let block = u64::from(vol.block_size());
@@ -331,6 +380,9 @@ fn copy_stream(
             return Ok(offset);
         }
         let end = offset + n as u64;
+        if let Some(limit) = limit.filter(|&limit| end > limit) {
+            return Err(longer_than_size(source, limit));
+        }
         if end > vol.size() {
             let grown = (vol.size().saturating_mul(2)).max(end.div_ceil(block) * block);
             vol.resize(grown).map_err(usage_if_invalid)?;
@@ -361,13 +413,16 @@ fn read_full(input: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
 /// image that did not end on a block boundary.
 fn imported(store: &Store, vol: &Volume, name: &str, source: &str, len: u64) -> CliResult<Outcome> {
     let allocated = vol.allocated_bytes()?;
+    let block = u64::from(vol.block_size());
     let rounded = if len == vol.size() {
         String::new()
-    } else {
+    } else if len.div_ceil(block) * block == vol.size() {
         format!(
             " (the image's {len} bytes rounded up to whole {} blocks)",
-            human_bytes(u64::from(vol.block_size()))
+            human_bytes(block)
         )
+    } else {
+        format!(" (the image's {len} bytes, then zeroes)")
     };
     Outcome::new(
         format!(
@@ -651,6 +706,7 @@ mod tests {
             name: name.to_owned(),
             file: Some(image.to_str().unwrap().to_owned()),
             block_size: 4096,
+            size_bytes: None,
         };
         let notices = Rc::new(RefCell::new(Vec::new()));
         let sink = notices.clone();
