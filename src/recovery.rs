@@ -167,12 +167,12 @@ pub(crate) fn open(
     if opts.read_only {
         return open_reader(vfs, dir, label, opts);
     }
-    // What the last writer published as durable, read before taking the lock
-    // resets it: every record up to it was acknowledged, with its extents durable,
-    // so replay checks none of them (a damaged extent there is corruption, reported
-    // when read, not a reason to end the log).
-    let published = vfs.published_synced().map(Lsn);
     let lock: Arc<dyn StoreLock> = take_writer_lock(&*vfs, opts.lock_wait)?.into();
+    // What the last writer published as durable (kept until this one publishes):
+    // every record up to it was acknowledged, with its extents durable, so replay
+    // checks none of them (a damaged extent there is corruption, reported when read,
+    // not a reason to end the log), and a log ending before it was damaged.
+    let published = vfs.published_synced().map(Lsn);
     settle(load(
         vfs,
         dir,
@@ -549,6 +549,23 @@ fn replay_wal(
             w.last_lsn = logged.lsn;
         }
         bytes += generation.valid_bytes;
+    }
+    // Every record up to `acknowledged` was durable once (a later record or the lock
+    // file says so, and neither is written before that sync returns), so a log that
+    // ends short of it lost acknowledged commits: a file cut short or removed from
+    // outside. Replaying what is left would quietly open an older state and, at the
+    // next checkpoint, make the loss permanent. A read-only open needs the records up
+    // to its bound only.
+    let required = bound.map_or(acknowledged, |b| b.min(acknowledged));
+    if w.last_lsn < required {
+        return Err(Error::corrupted(
+            "wal",
+            format!(
+                "the log ends at LSN {}, but every record up to LSN {} was durable (the \
+                 lock file or a later record says so): a log file was cut short or removed",
+                w.last_lsn.0, required.0
+            ),
+        ));
     }
     Ok(Replayed {
         next_gen,

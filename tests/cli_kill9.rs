@@ -159,3 +159,58 @@ fn kill9_during_batch_keeps_a_committed_prefix() {
     }
     assert!(present >= 3 * COMMIT_EVERY);
 }
+
+/// The log files of `dir`, by name.
+fn log_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut logs: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_str().unwrap();
+            name.starts_with("wal-") && name.ends_with(".log")
+        })
+        .collect();
+    logs.sort();
+    logs
+}
+
+/// A log cut short or removed from outside after a crash, with acknowledged commits
+/// only in it, is corruption (exit 5; `verify` exit 4), not an older state opened
+/// quietly and then made permanent by the next checkpoint: the lock file says how far
+/// the log was durable.
+#[test]
+fn a_log_cut_short_or_removed_is_corruption_not_an_older_state() {
+    let tmp = tempfile::tempdir().unwrap();
+    for damage in ["cut short", "removed"] {
+        let dir = tmp.path().join(damage.replace(' ', "-"));
+        ok(run(&["init", s(&dir)]));
+        let acked = crash_round(&dir, 0, 30);
+        assert!(
+            scan(&dir).len() as u64 >= acked,
+            "the crash itself loses nothing"
+        );
+        let logs = log_files(&dir);
+        let newest = logs.last().expect("the crashed writer's log");
+        match damage {
+            "cut short" => {
+                let file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(newest)
+                    .unwrap();
+                file.set_len(8192).unwrap();
+            }
+            _ => std::fs::remove_file(newest).unwrap(),
+        }
+        let needles = ["corruption in wal", "a log file was cut short or removed"];
+        cli_common::fails(run(&["scan", s(&dir)]), 5, &needles);
+        cli_common::fails(run(&["put", s(&dir), "k", "v"]), 5, &needles);
+        let out = run(&["verify", s(&dir)]);
+        assert!(
+            cli_common::stdout(&out).contains("cut short or removed"),
+            "{damage}: {out:?}"
+        );
+        cli_common::fails_stdout_unchecked(out, 4, &["verify found 1 problem"]);
+        // Nothing was written over what is left: the store still refuses.
+        cli_common::fails(run(&["checkpoint", s(&dir)]), 5, &needles);
+    }
+}

@@ -17,13 +17,15 @@
 //! its PID (for "in use by pid N" messages) and the last LSN whose log record is
 //! durable, published after every log sync and before the commits it covers return.
 //! A reader replays the log no further, so it never sees a commit that a crash could
-//! still take back. The record is one line of fixed width, rewritten in place:
+//! still take back; an open finding the log shorter than that knows it was damaged.
+//! A new writer keeps the last one's LSN until it publishes its own. The record is one line of fixed width, rewritten in place:
 //! ```text
 //! pid <10 digits> synced <20 digits> crc <8 hex digits>\n
 //! ```
 //! The CRC-32C covers the bytes before ` crc`, so a reader that catches the line
-//! half-rewritten reads again. `synced` is `u64::MAX` until the writer has published
-//! (it is still replaying the log): a reader then reads every valid record.
+//! half-rewritten reads again. `synced` is `u64::MAX` until a writer has published
+//! (the first one of a store, still replaying its log): a reader then reads every
+//! valid record.
 
 use super::{LockKind, StoreLock};
 use crate::error::file_error;
@@ -152,7 +154,12 @@ pub(crate) fn lock(dir: &Path, kind: LockKind) -> io::Result<Box<dyn StoreLock>>
                 lock_file,
                 pid: std::process::id(),
             };
-            lock.publish_synced(UNPUBLISHED)?;
+            // The last writer's published LSN stays until this one publishes its own
+            // (after its recovery): records up to it are durable, so readers may
+            // replay that far meanwhile, and an open that fails (a log found cut
+            // short of it) leaves the evidence for the next open to find.
+            let previous = published_synced(dir).unwrap_or(UNPUBLISHED);
+            lock.publish_synced(previous)?;
             Ok(Box::new(lock))
         }
         LockKind::Reader => {

@@ -829,15 +829,9 @@ impl Vfs for SimVfs {
         Ok(())
     }
 
-    fn lock(&self, kind: LockKind) -> io::Result<Box<dyn StoreLock>> {
+    /// A new writer keeps what the last one published, as `LOCK` does.
+    fn lock(&self, _kind: LockKind) -> io::Result<Box<dyn StoreLock>> {
         self.lock_inner().check_alive()?;
-        if kind == LockKind::Writer {
-            *self
-                .shared
-                .published
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = None;
-        }
         Ok(Box::new(SimLock(self.shared.clone())))
     }
 
