@@ -70,6 +70,20 @@ const MAX_ABANDONED_PLANS: u32 = 4;
 /// memory until the round's checkpoint writes them.
 const ROUND_BYTES: u64 = 16 << 20;
 
+/// Live bytes moved per round by `shrink`: as much as the writer may hold dirty
+/// (`Options::checkpoint_dirty_bytes`, an eighth of memory by default), at least
+/// [`ROUND_BYTES`]. A round rewrites every node on the paths to the blocks it moves,
+/// and blocks in address order belong to keys all over the tree: in 16 MiB rounds a
+/// store of 55 MiB live, its values spread over its segments, had its leaves
+/// rewritten by every round, so that a shrink moved 199 MiB and left 20% of the
+/// segments dead for the next shrink to move again (in one round: 55 MiB moved,
+/// 1% left dead, a second shrink moved nothing). The price is the writer lock, held
+/// for the round's plan and checkpoint: a shrink beside a server pauses its writes
+/// for longer rounds than the background cleaner's.
+fn shrink_round_bytes(shared: &Shared) -> u64 {
+    shared.opts.checkpoint_dirty_bytes.max(ROUND_BYTES)
+}
+
 /// The extents copied ahead of a relocation are appended in buffers of about this
 /// size.
 const AHEAD_CHUNK_BYTES: usize = 4 << 20;
@@ -141,13 +155,13 @@ pub(crate) fn clean(
     let footprint_before = footprint(shared)?;
     // Asked for, the space it frees is given back, not kept as spare files (first,
     // so that a disk short of space has their room for the moves; and after, for
-    // the segments it emptied). Their bytes count as freed: they are emptied
-    // segments' files.
+    // the segments it emptied). The first ones' bytes count as freed (emptied
+    // segments' files); the others' were counted when their segments went.
     let spares_before = shared.segments.discard_spares()?;
-    let mut report = clean_at_most(shared, dead_below, u64::MAX, None, progress)?;
-    let spares_after = shared.segments.discard_spares()?;
+    let mut report = clean_at_most(shared, dead_below, u64::MAX, None, ROUND_BYTES, progress)?;
+    shared.segments.discard_spares()?;
     report.footprint_before = footprint_before;
-    report.bytes_freed += spares_before + spares_after;
+    report.bytes_freed += spares_before;
     report.footprint_after = footprint(shared)?;
     Ok(report)
 }
@@ -194,6 +208,7 @@ pub(crate) fn auto_clean(shared: &Shared) -> Result<bool> {
         (percent / 200.0).min(dead_below),
         AUTO_CLEAN_MAX_MOVED,
         Some(SHRINK_MIN_DEAD_RATIO),
+        ROUND_BYTES,
         &mut |_, _| {},
     )?;
     Ok(true)
@@ -215,6 +230,7 @@ pub(crate) fn clean_after_drop(shared: &Shared) -> Result<()> {
         0.0,
         AUTO_CLEAN_MAX_MOVED,
         Some(HALF_DEAD),
+        ROUND_BYTES,
         &mut |_, _| {},
     )?;
     Ok(())
@@ -233,6 +249,7 @@ fn clean_at_most(
     dead_below: f64,
     max_moved: u64,
     min_dead_ratio: Option<u64>,
+    round_bytes: u64,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<CleanReport> {
     let mut report = CleanReport {
@@ -257,7 +274,7 @@ fn clean_at_most(
         // The copies must go elsewhere, and new appends too.
         shared.segments.seal_if_active(victim.id);
     }
-    for round in rounds(&victims, ROUND_BYTES) {
+    for round in rounds(&victims, round_bytes) {
         let ranges: Vec<Range<Addr>> = round.iter().map(|p| p.range.clone()).collect();
         compact_ahead(shared, &round)?;
         let ahead = read_ahead(shared, &ranges)?;
@@ -381,7 +398,14 @@ pub(crate) fn shrink(shared: &Shared, progress: &mut dyn FnMut(u64, u64)) -> Res
         ..CleanReport::default()
     };
     for _ in 0..SHRINK_PASSES {
-        let done = clean_at_most(shared, 0.0, u64::MAX, Some(SHRINK_MIN_DEAD_RATIO), progress)?;
+        let done = clean_at_most(
+            shared,
+            0.0,
+            u64::MAX,
+            Some(SHRINK_MIN_DEAD_RATIO),
+            shrink_round_bytes(shared),
+            progress,
+        )?;
         report.segments_cleaned += done.segments_cleaned;
         report.segments_deleted += done.segments_deleted;
         report.bytes_moved += done.bytes_moved;
@@ -397,7 +421,8 @@ pub(crate) fn shrink(shared: &Shared, progress: &mut dyn FnMut(u64, u64)) -> Res
         .compact_backrefs
         .store(true, std::sync::atomic::Ordering::Relaxed);
     settle_deletions(shared)?;
-    report.bytes_freed += shared.segments.discard_spares()?;
+    // Counted when their segments went (`finish_report`).
+    shared.segments.discard_spares()?;
     report.footprint_after = footprint(shared)?;
     Ok(report)
 }
