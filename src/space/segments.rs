@@ -230,6 +230,21 @@ pub(crate) struct StagedValues<'v> {
     /// ([`Segments::stage_values_for_overlap`]).
     checksums_deferred: bool,
     payload: Payload<'v>,
+    /// Its bytes' share of the free space, until they are written.
+    _room: RoomClaim,
+}
+
+/// Bytes an append of data counts on, from its room check until it is written
+/// (dropped then): [`Segments::check_room`] leaves them to it.
+struct RoomClaim {
+    claimed: Arc<AtomicU64>,
+    len: u64,
+}
+
+impl Drop for RoomClaim {
+    fn drop(&mut self) {
+        self.claimed.fetch_sub(self.len, Ordering::Relaxed);
+    }
 }
 
 impl StagedValues<'_> {
@@ -465,6 +480,10 @@ pub(crate) struct Segments {
     data_checkpoint_bytes: AtomicU64,
     /// Free bytes that appends of data never take ([`Segments::check_room`]).
     headroom: AtomicU64,
+    /// Bytes of data appends that passed [`Segments::check_room`] and are not
+    /// written yet ([`RoomClaim`]): the free space does not show them, and several
+    /// large writes checked at once would each find the room the others take.
+    claimed: Arc<AtomicU64>,
     /// The length at which a segment is full: [`SEGMENT_TARGET_BYTES`], or less on a
     /// disk short of space ([`Segments::fit_to_free_space`]).
     segment_target: AtomicU64,
@@ -597,6 +616,7 @@ impl Segments {
             data_checkpoint_configured: AtomicU64::new(u64::MAX),
             data_checkpoint_bytes: AtomicU64::new(u64::MAX),
             headroom: AtomicU64::new(0),
+            claimed: Arc::default(),
             segment_target: AtomicU64::new(SEGMENT_TARGET_BYTES),
             // The first append looks.
             staged_since_room_check: AtomicU64::new(ROOM_CHECK_BYTES),
@@ -871,21 +891,29 @@ impl Segments {
     /// byte a checkpoint frees, the next checkpoint finds the disk full, and the
     /// store is stuck: nothing can be freed without writing first. ZFS keeps its
     /// "slop space" from data writes for the same reason. Looks at the disk once per
-    /// [`ROOM_CHECK_BYTES`] (and at every append while it is short).
-    fn check_room(&self, len: u64) -> Result<()> {
+    /// [`ROOM_CHECK_BYTES`] (and at every append while it is short). The appends
+    /// checked but not yet written count as taken (16 clients writing 32 MiB each at
+    /// once all passed on a disk with 339 MB free, and filled it).
+    fn check_room(&self, len: u64) -> Result<RoomClaim> {
+        let others = self.claimed.fetch_add(len, Ordering::Relaxed);
+        let claim = RoomClaim {
+            claimed: self.claimed.clone(),
+            len,
+        };
         let staged = self
             .staged_since_room_check
             .fetch_add(len, Ordering::Relaxed)
             + len;
         if staged < ROOM_CHECK_BYTES {
-            return Ok(());
+            return Ok(claim);
         }
         let Some(room) = self.room() else {
             self.staged_since_room_check.store(0, Ordering::Relaxed);
-            return Ok(());
+            return Ok(claim);
         };
         self.fit_thresholds(Some(room));
         let headroom = self.headroom.load(Ordering::Relaxed);
+        let room = room.saturating_sub(others);
         if room < headroom.saturating_add(len) {
             #[expect(clippy::cast_precision_loss, reason = "a size in a message")]
             let mib = |n: u64| n as f64 / f64::from(1 << 20);
@@ -901,7 +929,7 @@ impl Segments {
             )));
         }
         self.staged_since_room_check.store(0, Ordering::Relaxed);
-        Ok(())
+        Ok(claim)
     }
 
     /// Bytes of data appended after which a checkpoint is due.
@@ -1215,7 +1243,7 @@ impl Segments {
         assert!(!self.read_only, "append on a read-only store");
         assert!(!values.is_empty(), "staging no values");
         let total: usize = values.iter().map(|v| v.len()).sum();
-        self.check_room(total as u64)?;
+        let room = self.check_room(total as u64)?;
         let direct = total >= DIRECT_MIN_BYTES;
         let in_place = run.filter(|run| {
             direct
@@ -1290,6 +1318,7 @@ impl Segments {
             direct,
             checksums_deferred,
             payload,
+            _room: room,
         })
     }
 

@@ -841,3 +841,32 @@ fn a_spare_that_fails_to_become_a_segment_gives_way_to_a_new_file() {
         "the spare removed"
     );
 }
+
+/// Appends of data checked at once count each other's bytes until they are written:
+/// two that each fit the free space, but not together, staged before either is
+/// written, leave the second refused (16 clients writing 32 MiB each at once all
+/// passed the check on a disk with 339 MB free, and filled it).
+#[test]
+fn appends_checked_together_count_each_others_bytes() {
+    let sim = SimVfs::new();
+    let segments = Segments::open(Arc::new(sim.clone()), false).expect("open");
+    let block = vec![7u8; 8 << 20];
+    // A first append sets the headroom from the free space.
+    sim.set_capacity(Some(sim.used_bytes() + (1 << 30)));
+    let first = segments.stage_values_for_overlap(&[&block], None).unwrap();
+    segments.write_staged(first).unwrap();
+    let headroom = segments.headroom.load(Ordering::Relaxed);
+    sim.set_capacity(Some(sim.used_bytes() + headroom + (12 << 20)));
+    let a = segments.stage_values_for_overlap(&[&block], None).unwrap();
+    let refused = segments
+        .stage_values_for_overlap(&[&block], None)
+        .err()
+        .expect("the second does not fit beside the first");
+    assert!(refused.is_storage_full(), "{refused}");
+    segments.write_staged(a).unwrap();
+    // Written, the first shows in the free space, and the second is refused by it.
+    assert!(segments.stage_values_for_overlap(&[&block], None).is_err());
+    sim.set_capacity(Some(sim.used_bytes() + headroom + (12 << 20)));
+    let b = segments.stage_values_for_overlap(&[&block], None).unwrap();
+    segments.write_staged(b).unwrap();
+}
