@@ -410,6 +410,16 @@ fn missing_store_and_not_a_store_exit_3() {
     ] {
         fails(run(&args), 3, &["not a cambium store"]);
     }
+    // A file named as the store: the same, for writing commands too (they look for a
+    // server's control socket in it first).
+    let file = plain.join("notes.txt");
+    for args in [
+        vec!["get", s(&file), "k"],
+        vec!["put", s(&file), "k", "v"],
+        vec!["volume", "create", s(&file), "v", "--size", "1M"],
+    ] {
+        fails(run(&args), 3, &["not a cambium store"]);
+    }
 }
 
 #[test]

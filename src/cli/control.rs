@@ -320,7 +320,10 @@ pub fn send(
         Err(e)
             if matches!(
                 e.kind(),
-                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                std::io::ErrorKind::NotFound
+                    | std::io::ErrorKind::ConnectionRefused
+                    // DIR is a file: the open that follows says it is not a store.
+                    | std::io::ErrorKind::NotADirectory
             ) =>
         {
             return Ok(false)
