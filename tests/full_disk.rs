@@ -411,3 +411,43 @@ fn a_volume_writes_again_once_the_disk_has_room() {
     );
     verify_clean(&store, "after the disk had room again").unwrap();
 }
+
+/// A checkpoint that meets a disk another process filled, past the reserve, waits for
+/// room (`Vfs::full_disk_patience`, 10 s on a real file system), writing again, and
+/// finishes once there is some: the store is not poisoned. (It failed at once, and a
+/// failed checkpoint poisons the store: a server whose disk another process filled
+/// for a moment stayed stuck until it was restarted.)
+#[test]
+fn a_checkpoint_meeting_a_full_disk_waits_for_room() {
+    let vfs = SimVfs::new();
+    vfs.set_full_disk_patience(std::time::Duration::from_secs(60));
+    let store = create_sim(&vfs);
+    let mut model = Model::new();
+    let mut rng = Rng::new(21);
+    // Dirty nodes well past the reserve (1 MiB for a new store).
+    let mut txn = store.begin_write().unwrap();
+    for i in 0..20_000 {
+        let (key, value) = (format!("k{i:06}").into_bytes(), rng.bytes(200));
+        txn.put(&key, &value).unwrap();
+        model.insert(key, value);
+    }
+    txn.commit().unwrap();
+    // Full, then room again a moment later.
+    vfs.set_capacity(Some(vfs.used_bytes()));
+    let room_later = {
+        let vfs = vfs.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            vfs.set_capacity(None);
+        })
+    };
+    store.checkpoint().unwrap();
+    room_later.join().unwrap();
+    store.put(b"after", b"room").unwrap();
+    model.insert(b"after".to_vec(), b"room".to_vec());
+    store.close().unwrap();
+    let store = open_sim(&vfs).unwrap();
+    let got = dump(&store.read().unwrap()).unwrap();
+    assert!(diff(&got, &model).is_none(), "{:?}", diff(&got, &model));
+    assert!(store.verify().unwrap().is_clean());
+}

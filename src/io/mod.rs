@@ -118,6 +118,15 @@ pub trait Vfs: Send + Sync {
     fn readers_present(&self) -> bool {
         true
     }
+    /// How long the work that frees space (a checkpoint, a drop, a clean: a thread
+    /// holding a reserve allowance) waits, writing again, for a full disk to get
+    /// room once the reserve is spent, before it fails (a failed checkpoint poisons
+    /// the store). Another process filling the disk for a moment (a copy, a log
+    /// burst) is then a pause, not a store stuck until restarted. The default, none,
+    /// is the simulated file system's, whose capacity changes only when a test says.
+    fn full_disk_patience(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
     /// Whether `VFile::sync`s of different files may run on several threads at once,
     /// so that their waits overlap (a real file system). The default, no, keeps one
     /// order of operations: the simulated file system's, which must replay the same

@@ -16,7 +16,9 @@
 //! interval's) do not start on a disk short of room: on a disk some other process
 //! filled, they would spend the reserve and leave none for the `drop` that makes
 //! room. But every checkpoint, once begun, finishes on the reserve if the disk fills
-//! under it: a failed checkpoint poisons the store.
+//! under it: a failed checkpoint poisons the store. And since another process may
+//! take the reserve's space once it is freed, such a write that still finds the disk
+//! full waits for room, writing again, for up to [`Vfs::full_disk_patience`].
 //!
 //! The allowance belongs to a thread, not to the store: on a full disk a server's
 //! clients go on writing while its checkpoint runs, and their data is what filled the
@@ -32,6 +34,7 @@ use std::cell::Cell;
 use std::io;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The reserve file's name in the store directory.
 pub const RESERVE_FILE: &str = "reserve";
@@ -200,11 +203,27 @@ impl ReserveVfs {
     }
 }
 
-/// Runs `op`; on a full disk, releases the reserve (if allowed) and runs it again.
+/// Runs `op`; on a full disk, on a thread that may use the reserve, releases it and
+/// runs `op` again, then, while the disk stays full, again after pauses, for up to
+/// [`Vfs::full_disk_patience`].
 fn retry_full<T>(reserve: &Reserve, op: impl Fn() -> io::Result<T>) -> io::Result<T> {
-    match op() {
-        Err(e) if e.kind() == io::ErrorKind::StorageFull && reserve.release() => op(),
-        other => other,
+    let mut waited = Duration::ZERO;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        match op() {
+            Err(e) if e.kind() == io::ErrorKind::StorageFull && allowed_here() => {
+                if reserve.release() {
+                    continue;
+                }
+                if waited >= reserve.inner.full_disk_patience() {
+                    return Err(e);
+                }
+                std::thread::sleep(pause);
+                waited += pause;
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+            other => return other,
+        }
     }
 }
 
@@ -297,6 +316,10 @@ impl Vfs for ReserveVfs {
 
     fn readers_present(&self) -> bool {
         self.inner.readers_present()
+    }
+
+    fn full_disk_patience(&self) -> std::time::Duration {
+        self.inner.full_disk_patience()
     }
 
     fn syncs_overlap(&self) -> bool {

@@ -101,6 +101,8 @@ struct Inner {
     /// The disk's size: a write or `set_len` that would take the files past it fails
     /// with `StorageFull` (ENOSPC), as on a full disk.
     capacity: Option<u64>,
+    /// [`Vfs::full_disk_patience`]: none unless a test sets it.
+    full_disk_patience: std::time::Duration,
 }
 
 fn power_loss() -> io::Error {
@@ -503,6 +505,11 @@ impl SimVfs {
         self.lock_inner().capacity = bytes;
     }
 
+    /// Sets [`Vfs::full_disk_patience`] (none by default).
+    pub fn set_full_disk_patience(&self, patience: std::time::Duration) {
+        self.lock_inner().full_disk_patience = patience;
+    }
+
     /// Bytes the files take now.
     pub fn used_bytes(&self) -> u64 {
         self.lock_inner().used_bytes()
@@ -733,6 +740,10 @@ impl Vfs for SimVfs {
     /// No other process reads a simulated file system.
     fn readers_present(&self) -> bool {
         false
+    }
+
+    fn full_disk_patience(&self) -> std::time::Duration {
+        self.lock_inner().full_disk_patience
     }
 
     fn open(&self, name: &str) -> io::Result<Arc<dyn VFile>> {

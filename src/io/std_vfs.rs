@@ -315,6 +315,11 @@ impl VFile for StdFile {
     }
 }
 
+/// [`Vfs::full_disk_patience`] on a real file system: long enough for another
+/// process's burst (a copy, a build) to end or be cleaned up, short of an NBD
+/// client's request timeout (30 s for the kernel's).
+const FULL_DISK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl Vfs for StdVfs {
     fn open(&self, name: &str) -> io::Result<Arc<dyn VFile>> {
         self.open_regular(name, OpenOptions::new().read(true).write(!self.read_only))
@@ -376,6 +381,9 @@ impl Vfs for StdVfs {
     }
     fn readers_present(&self) -> bool {
         lock_file::readers_present(&self.dir)
+    }
+    fn full_disk_patience(&self) -> std::time::Duration {
+        FULL_DISK_PATIENCE
     }
     fn syncs_overlap(&self) -> bool {
         true
