@@ -13,6 +13,16 @@ impl TestStore {
         cli_common::run(&args)
     }
 
+    /// The names `volume list --json` gives, in its order.
+    fn volume_names(&self) -> Vec<String> {
+        self.volume_json("list", &[])
+            .as_array()
+            .expect("a list")
+            .iter()
+            .map(|v| v["name"].as_str().expect("a name").to_owned())
+            .collect()
+    }
+
     fn volume_json(&self, sub: &str, rest: &[&str]) -> serde_json::Value {
         let mut args = vec!["--json", "volume", sub, self.d()];
         args.extend_from_slice(rest);
@@ -263,13 +273,7 @@ fn import_from_stdin_and_pipes() {
         3,
         &["the input is empty"],
     );
-    let names: Vec<String> = t
-        .volume_json("list", &[])
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["name"].as_str().unwrap().to_owned())
-        .collect();
+    let names = t.volume_names();
     assert_eq!(
         names,
         ["piped", "fifo"],
@@ -353,13 +357,7 @@ fn import_with_a_size() {
         &["volume", "import", t.d(), "zeroes", "-", "--size", "1M"],
         b"",
     ));
-    let names: Vec<String> = t
-        .volume_json("list", &[])
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["name"].as_str().unwrap().to_owned())
-        .collect();
+    let names = t.volume_names();
     assert_eq!(
         names,
         ["from-file", "from-stdin", "zeroes"],
