@@ -74,7 +74,10 @@ pub(crate) fn create(vfs: &Arc<dyn Vfs>, label: &str) -> Result<()> {
     // Checked before the lock too, so that a refusal leaves the directory as it was
     // (the lock creates `LOCK`); and again under it, against a racing `create`.
     check_creatable(&**vfs, label)?;
-    let _guard = take_writer_lock(&**vfs, None)?;
+    let guard = take_writer_lock(&**vfs, None)?;
+    // A `LOCK` left by an earlier store in this directory speaks of another log:
+    // nothing of this one is durable yet.
+    guard.publish_synced(0)?;
     let names = check_creatable(&**vfs, label)?;
     let interrupted = names.iter().any(|n| n == INIT_MARKER);
     let leftovers: Vec<&String> = names.iter().filter(|n| is_store_file(n)).collect();
@@ -562,7 +565,9 @@ fn replay_wal(
             "wal",
             format!(
                 "the log ends at LSN {}, but every record up to LSN {} was durable (the \
-                 lock file or a later record says so): a log file was cut short or removed",
+                 lock file or a later record says so): a log file was cut short or removed \
+                 (if the store's files were put back from a copy without their LOCK file, \
+                 remove LOCK to open what they hold)",
                 w.last_lsn.0, required.0
             ),
         ));

@@ -212,5 +212,21 @@ fn a_log_cut_short_or_removed_is_corruption_not_an_older_state() {
         cli_common::fails_stdout_unchecked(out, 4, &["verify found 1 problem"]);
         // Nothing was written over what is left: the store still refuses.
         cli_common::fails(run(&["checkpoint", s(&dir)]), 5, &needles);
+        // A new store in a directory holding that LOCK starts its own log.
+        let fresh = tmp
+            .path()
+            .join(format!("fresh-{}", damage.replace(' ', "-")));
+        std::fs::create_dir(&fresh).unwrap();
+        std::fs::copy(dir.join("LOCK"), fresh.join("LOCK")).unwrap();
+        ok(run(&["init", s(&fresh)]));
+        ok(run(&["put", s(&fresh), "k", "v"]));
+        assert_eq!(ok(run(&["get", s(&fresh), "k"])), "v\n");
+        // Without the LOCK file, what is left opens (the way out the message gives).
+        std::fs::remove_file(dir.join("LOCK")).unwrap();
+        assert!(
+            (scan(&dir).len() as u64) < acked,
+            "{damage}: the damage lost commits"
+        );
+        verify(&dir);
     }
 }
