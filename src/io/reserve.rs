@@ -227,6 +227,16 @@ fn retry_full<T>(reserve: &Reserve, op: impl Fn() -> io::Result<T>) -> io::Resul
     }
 }
 
+/// [`retry_full`] for a sync: once after releasing the reserve, never after pauses. A
+/// failed fsync may leave the pages it could not write marked clean, so a later one
+/// can succeed without them: only a write issued again makes its bytes durable.
+fn retry_sync_full(reserve: &Reserve, op: impl Fn() -> io::Result<()>) -> io::Result<()> {
+    match op() {
+        Err(e) if e.kind() == io::ErrorKind::StorageFull && reserve.release() => op(),
+        other => other,
+    }
+}
+
 struct ReserveFile {
     inner: Arc<dyn VFile>,
     reserve: Arc<Reserve>,
@@ -260,7 +270,7 @@ impl VFile for ReserveFile {
     }
 
     fn sync(&self) -> io::Result<()> {
-        retry_full(&self.reserve, || self.inner.sync())
+        retry_sync_full(&self.reserve, || self.inner.sync())
     }
 
     fn len(&self) -> io::Result<u64> {
@@ -299,7 +309,7 @@ impl Vfs for ReserveVfs {
     }
 
     fn sync_dir(&self) -> io::Result<()> {
-        retry_full(&self.reserve, || self.inner.sync_dir())
+        retry_sync_full(&self.reserve, || self.inner.sync_dir())
     }
 
     fn lock(&self, kind: LockKind) -> io::Result<Box<dyn StoreLock>> {
