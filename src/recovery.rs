@@ -78,6 +78,11 @@ pub(crate) fn create(vfs: &Arc<dyn Vfs>, label: &str) -> Result<()> {
     // A `LOCK` left by an earlier store in this directory speaks of another log:
     // nothing of this one is durable yet.
     guard.publish_synced(0)?;
+    // Durable before the superblock makes this a store: a power loss must not bring
+    // the old record back under the new store's short log.
+    if vfs.exists(crate::io::LOCK_FILE)? {
+        vfs.open(crate::io::LOCK_FILE)?.sync()?;
+    }
     let names = check_creatable(&**vfs, label)?;
     let interrupted = names.iter().any(|n| n == INIT_MARKER);
     let leftovers: Vec<&String> = names.iter().filter(|n| is_store_file(n)).collect();
@@ -418,17 +423,18 @@ fn settle(loaded: Loaded) -> Result<Arc<Shared>> {
     // those records are (an open trusts records up to the published LSN without
     // checking their extents).
     shared.segments.sync_all()?;
-    shared
-        ._process_lock
-        .publish_synced(shared.wal.last_lsn().0)?;
     let first_live = {
         let d = lock(&shared.durable);
         // The superblock this open trusts may be one a killed process wrote and never
-        // synced: durable before anything the other slot needs is deleted below.
+        // synced: durable before anything the other slot needs is deleted below, and
+        // before the lock file says what it holds is durable.
         d.sb_file.sync()?;
         d.fallback
             .map_or(d.sb.wal_gen, |f| f.wal_gen.min(d.sb.wal_gen))
     };
+    shared
+        ._process_lock
+        .publish_synced(shared.wal.last_lsn().0)?;
     wal::remove_below(&*shared.vfs, first_live)?;
     // Segments a previous process emptied and neither slot can reach any more (no
     // view of this process is older than the durable state): their space comes back
