@@ -83,11 +83,9 @@ pub(crate) fn run(shared: &Shared, held: Option<&mut WriterState>) -> Result<()>
         None => {
             let mut w = shared.lock_writer();
             let mut durable = lock(&shared.durable);
-            let frozen = freeze(shared, &mut w, &mut durable);
+            let frozen = freeze(shared, &mut w, &mut durable).inspect_err(|e| shared.poison(e));
             drop(w);
-            frozen
-                .and_then(|frozen| write(shared, &mut durable, frozen))
-                .inspect_err(|e| shared.poison(e))?
+            write(shared, &mut durable, frozen?)?
         }
     };
     after_durable(shared, epoch);
@@ -112,9 +110,8 @@ pub(crate) fn run_leaving_counts_unfolded(shared: &Shared) -> Result<()> {
 /// are waiting meanwhile. Returns the epoch it wrote.
 pub(crate) fn run_holding(shared: &Shared, w: &mut WriterState) -> Result<u64> {
     let mut durable = lock(&shared.durable);
-    let epoch = freeze(shared, w, &mut durable)
-        .and_then(|frozen| write(shared, &mut durable, frozen))
-        .inspect_err(|e| shared.poison(e))?;
+    let frozen = freeze(shared, w, &mut durable).inspect_err(|e| shared.poison(e))?;
+    let epoch = write(shared, &mut durable, frozen)?;
     w.refs.merge_written(epoch);
     Ok(epoch)
 }
@@ -130,12 +127,10 @@ pub(crate) fn run_lending(shared: &Shared, w: &mut LendingGuard<'_>) -> Result<u
     // The write runs on another thread: a caller that may use the reserve (a clean on
     // a full disk) lets it too.
     let allowed = crate::io::reserve_allowed_here();
-    let epoch = w
-        .serve_while(|| {
-            let _allowed = allowed.then(crate::io::allow_reserve);
-            write(shared, durable, frozen)
-        })
-        .inspect_err(|e| shared.poison(e))?;
+    let epoch = w.serve_while(|| {
+        let _allowed = allowed.then(crate::io::allow_reserve);
+        write(shared, durable, frozen)
+    })?;
     w.refs.merge_written(epoch);
     Ok(epoch)
 }
@@ -156,10 +151,11 @@ pub(crate) fn lock_durable_lending<'s>(
 }
 
 /// Whether a checkpoint now would have nothing to write: no commit, free, drop or
-/// back reference since the durable one (at `durable_lsn`), and nothing in memory
-/// unwritten.
-pub(crate) fn nothing_to_write(durable_lsn: Lsn, w: &WriterState) -> bool {
-    w.last_lsn == durable_lsn
+/// back reference since the durable one, nothing a put-off checkpoint left, and
+/// nothing in memory unwritten.
+pub(crate) fn nothing_to_write(durable: &Durable, w: &WriterState) -> bool {
+    w.last_lsn == durable.sb.checkpoint_lsn
+        && durable.carried.is_none()
         && w.dirty_bytes == 0
         && w.delta.is_empty()
         && w.superseded.is_empty()
@@ -196,8 +192,13 @@ pub(crate) fn has_room(shared: &Shared) -> bool {
 fn freeze(shared: &Shared, w: &mut WriterState, durable: &mut Durable) -> Result<Frozen> {
     shared.check_writable()?;
     // The previous checkpoint (of epoch - 1) has finished: fold the counts of the
-    // nodes it wrote into the table by address.
-    w.refs.merge_written(w.epoch - 1);
+    // nodes it wrote into the table by address. Not if it was put off: some nodes of
+    // its epoch are still unwritten, and `merged_through` may pass an epoch only once
+    // all of its written nodes are folded, so the next durable checkpoint folds them.
+    let carried = durable.carried.take();
+    if carried.is_none() {
+        w.refs.merge_written(w.epoch - 1);
+    }
     // It recorded those nodes' counts as they were at its freeze; record them again
     // as they are now (changed, or gone, since).
     for addr in durable.recorded_from_mem.drain(..) {
@@ -207,10 +208,14 @@ fn freeze(shared: &Shared, w: &mut WriterState, durable: &mut Durable) -> Result
     // has finished (checkpoints are serialised by the durable lock), so they have
     // addresses now, which this interval frees.
     for node in w.superseded.drain(..) {
-        let r = *node
-            .disk
-            .get()
-            .expect("the previous checkpoint wrote every frozen node");
+        // Unwritten: a put-off checkpoint did not reach it, and nothing holds it now.
+        let Some(&r) = node.disk.get() else {
+            debug_assert!(
+                carried.is_some(),
+                "a durable checkpoint writes every frozen node"
+            );
+            continue;
+        };
         w.delta.free(r);
         end_backrefs(&mut w.backrefs, r);
         // The checkpoint cached it as it wrote it; nothing live names it now.
@@ -222,17 +227,28 @@ fn freeze(shared: &Shared, w: &mut WriterState, durable: &mut Durable) -> Result
     // log once this checkpoint is durable (see `write`). Only a commit holding the
     // writer lock through its checkpoint leaves the log behind (`run_holding`).
     let unlogged = (shared.wal.last_lsn() < w.last_lsn).then_some(w.last_lsn);
+    let mut ref_changes = w.refs.take_changes();
+    let mut delta = std::mem::take(&mut w.delta);
+    let mut backrefs = std::mem::take(&mut w.backrefs);
+    if let Some(earlier) = carried {
+        // A put-off checkpoint's changes come first: they happened first.
+        ref_changes.after(earlier.ref_changes);
+        delta.merge(earlier.delta);
+        let mut merged = earlier.backrefs;
+        merged.merge(backrefs);
+        backrefs = merged;
+    }
     let frozen = Frozen {
         epoch: w.epoch,
         catalog: w.catalog.clone(),
-        ref_changes: w.refs.take_changes(),
+        ref_changes,
         unmerged: w.refs.unmerged(),
         drop_queue: w.drop_queue.clone(),
         lsn: w.last_lsn,
-        delta: std::mem::take(&mut w.delta),
+        delta,
         next_wal_gen: closed_gen + 1,
         append_fence,
-        backrefs: std::mem::take(&mut w.backrefs),
+        backrefs,
         unlogged,
     };
     w.epoch += 1;
@@ -333,18 +349,66 @@ fn plan_meta(
     })
 }
 
-/// Writes the frozen state; returns its epoch once it is durable.
+/// Writes the frozen state; returns its epoch once it is durable. A failure poisons
+/// the store, except a full disk met while writing the nodes: that checkpoint is put
+/// off ([`put_off`]).
 fn write(shared: &Shared, durable: &mut Durable, mut frozen: Frozen) -> Result<u64> {
-    // A checkpoint that has begun spends the reserve rather than fail: a failed one
-    // poisons the store (what it wrote is not undone), and one that could wait began
-    // only with room (`has_room`), so it meets a full disk only if something else
-    // filled it meanwhile. Stuck until restarted is worse than a spent reserve, which
-    // the next checkpoint or close with room allocates again.
+    // A checkpoint that has begun spends the reserve rather than fail: one that could
+    // wait began only with room (`has_room`), so it meets a full disk only if
+    // something else filled it meanwhile. A spent reserve is allocated again by the
+    // next checkpoint or close with room.
     let _finish = crate::io::allow_reserve();
     let mut written = SpaceDelta::default();
-    let levels = collect_dirty(shared, &frozen.catalog)?;
-    write_levels(shared, &levels, &mut written, &mut frozen.backrefs)?;
-    drop(levels);
+    let nodes = collect_dirty(shared, &frozen.catalog)
+        .and_then(|levels| write_levels(shared, &levels, &mut written, &mut frozen.backrefs));
+    if let Err(e) = nodes {
+        return Err(put_off(shared, durable, frozen, written, e));
+    }
+    finish(shared, durable, frozen, written).inspect_err(|e| shared.poison(e))
+}
+
+/// A checkpoint whose node writes failed: nothing durable has changed yet (the
+/// superblock still names the previous checkpoint, the log still holds every
+/// commit since it, and the nodes written are unreferenced bytes in a segment), so
+/// on a full disk it is put off rather than poisoning the store: what it took from
+/// the writer at its freeze goes back (`Durable::carried`) for the next checkpoint,
+/// which writes what this one did not. The store stays writable; commits go on into
+/// the log, and the next checkpoint with room makes them durable. (A disk another
+/// process kept full past `Vfs::full_disk_patience` under a checkpoint used to
+/// poison a server until it was restarted.)
+///
+/// Other errors still poison: an I/O error other than a full disk may mean a failing
+/// device, and a large transaction committing by this checkpoint (`unlogged`) is in
+/// the writer's state without a log record, so the store must not go on without it.
+fn put_off(
+    shared: &Shared,
+    durable: &mut Durable,
+    frozen: Frozen,
+    written: SpaceDelta,
+    e: crate::error::Error,
+) -> crate::error::Error {
+    if !e.is_storage_full() || frozen.unlogged.is_some() {
+        shared.poison(&e);
+        return e;
+    }
+    let mut delta = frozen.delta;
+    delta.merge(written);
+    durable.carried = Some(crate::engine::CarriedOver {
+        ref_changes: frozen.ref_changes,
+        delta,
+        backrefs: frozen.backrefs,
+    });
+    e
+}
+
+/// The rest of a checkpoint once its nodes are written: their back references, the
+/// metadata blob, the syncs and the superblock.
+fn finish(
+    shared: &Shared,
+    durable: &mut Durable,
+    mut frozen: Frozen,
+    written: SpaceDelta,
+) -> Result<u64> {
     let generation = durable.sb.generation + 1;
     let MetaPlan {
         mut delta,
@@ -520,21 +584,21 @@ pub(crate) fn write_levels(
     written: &mut SpaceDelta,
     backrefs: &mut WriteStore,
 ) -> Result<()> {
-    for level in levels {
-        write_level(shared, level, written)?;
-    }
+    let wrote = levels
+        .iter()
+        .try_for_each(|level| write_level(shared, level, written));
     // A node has at most one child per entry; sized up front, as a GiB of volume
     // writes gives a quarter of a million edges (see `BackrefStore::checkpoint`).
+    // Every node written records its edges, those before a failed write too: a
+    // checkpoint put off hands them to the next one with the nodes (`put_off`).
     let mut edges = Vec::with_capacity(levels.iter().flatten().map(|n| n.len()).sum());
     for node in levels.iter().flatten() {
-        let r = node
-            .disk
-            .get()
-            .expect("every collected node was written above");
-        edges.extend(node_children(node).map(|child| (child, r.addr)));
+        if let Some(r) = node.disk.get() {
+            edges.extend(node_children(node).map(|child| (child, r.addr)));
+        }
     }
     backrefs.add_written(edges);
-    Ok(())
+    wrote
 }
 
 /// Writes one level's dirty nodes in large appends and records their addresses (a

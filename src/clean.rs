@@ -645,10 +645,11 @@ fn settle(shared: &Shared, w: &mut LendingGuard<'_>, force: bool) -> Result<()> 
     while drop_step(w, shared.loader(), crate::versions::DROP_STEP_NODES)? {
         w.serve();
     }
-    let durable_lsn = checkpoint::lock_durable_lending(shared, w)
-        .sb
-        .checkpoint_lsn;
-    if force || !checkpoint::nothing_to_write(durable_lsn, w) {
+    let idle = {
+        let durable = checkpoint::lock_durable_lending(shared, w);
+        checkpoint::nothing_to_write(&durable, w)
+    };
+    if force || !idle {
         checkpoint::run_lending(shared, w)?;
     } else {
         // No checkpoint is writing now (the durable lock was free), but the last one

@@ -347,6 +347,7 @@ fn load(
         fallback_run_segments,
         recorded_from_mem: Vec::new(),
         meta_bytes_last: 0,
+        carried: None,
     };
     let shared = Arc::new(Shared {
         label,

@@ -644,8 +644,15 @@ fn background_loop(
     let (m, cv) = signal;
     // When the cleaner last ran here (see below).
     let mut cleaned = std::time::Instant::now();
+    // Whether the last checkpoint here was put off by a full disk: the next try comes
+    // sooner than the interval, once the disk has room.
+    let mut put_off = false;
     loop {
-        let wait = interval.unwrap_or(Duration::from_secs(3600));
+        let wait = if put_off {
+            PUT_OFF_RETRY
+        } else {
+            interval.unwrap_or(Duration::from_secs(3600))
+        };
         let (checkpoint_wanted, drops, timed_out) = {
             let mut work = lock(m);
             let mut timed_out = false;
@@ -674,12 +681,13 @@ fn background_loop(
                 }
             }
         }
-        let due = checkpoint_wanted || (interval.is_some() && shared.has_unwritten());
+        let due = checkpoint_wanted || ((put_off || interval.is_some()) && shared.has_unwritten());
         if due && shared.check_writable().is_ok() {
             // Asked for by the data threshold alone (a volume written fast): its
             // purpose is the segments that emptied, which need no cleaning.
             let for_data = checkpoint_wanted && shared.checkpoint_due_for_data_alone();
-            // An error poisons the store inside `run`; the thread just carries on idle.
+            // An error poisons the store inside `run`, or puts the checkpoint off (a
+            // full disk), to be tried again soon; the thread carries on either way.
             // One for the data deletes the segments it emptied: on a full disk it may
             // use the reserve.
             let allowed = for_data.then(crate::io::allow_reserve);
@@ -687,8 +695,11 @@ fn background_loop(
                 // Put off until the disk has room (a later interval, or a write).
                 continue;
             }
-            let _ = checkpoint::run(&shared, None);
+            put_off = checkpoint::run(&shared, None).is_err_and(|e| e.is_storage_full());
             drop(allowed);
+            if put_off {
+                continue;
+            }
             // Cleaning after a checkpoint: the usage table it reads is fresh. Not after
             // each of a fast writer's per-GiB checkpoints, which would move up to
             // 128 MiB each time under its feet (4 KiB random writes at QD32 lost a
@@ -707,6 +718,10 @@ fn background_loop(
         }
     }
 }
+
+/// How soon the background thread tries a checkpoint again after a full disk put one
+/// off.
+const PUT_OFF_RETRY: Duration = Duration::from_secs(1);
 
 /// The bytes of the store's segments (what the reserve is sized by).
 fn segment_bytes(shared: &Shared) -> u64 {

@@ -324,6 +324,13 @@ impl ChangeLog {
         }
     }
 
+    /// Puts `earlier`'s changes before this log's (a put-off checkpoint's, taken
+    /// back by the next one).
+    pub(crate) fn after(&mut self, earlier: ChangeLog) {
+        let later = std::mem::replace(&mut self.chunks, earlier.chunks);
+        self.chunks.extend(later);
+    }
+
     /// Every change, oldest first.
     pub(crate) fn into_iter_ordered(self) -> impl Iterator<Item = (Addr, u32)> {
         self.chunks.into_iter().flatten()

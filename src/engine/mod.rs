@@ -111,6 +111,24 @@ pub(crate) struct Durable {
     pub recorded_from_mem: Vec<crate::format::Addr>,
     /// Bytes of the metadata blob the last checkpoint wrote (0 before the first).
     pub meta_bytes_last: u64,
+    /// What a checkpoint that met a full disk while writing its nodes left for the
+    /// next one (`checkpoint::put_off`): the next freeze takes it in before the
+    /// interval's own changes.
+    pub carried: Option<CarriedOver>,
+}
+
+/// The interval changes a put-off checkpoint had taken from the writer, plus what its
+/// node writes added before the disk filled: the next checkpoint records them first,
+/// as if the failed one had never frozen. The nodes it wrote keep their addresses
+/// (garbage to a recovery, which never sees them referenced), and the nodes it did
+/// not write stay dirty, so the next checkpoint's walk finds them.
+pub(crate) struct CarriedOver {
+    /// Reference-count changes, older than any the writer has made since.
+    pub ref_changes: crate::btree::refcount::ChangeLog,
+    /// The interval's space changes, plus the bytes of the nodes written.
+    pub delta: SpaceDelta,
+    /// The interval's back references, plus the edges of the nodes written.
+    pub backrefs: WriteStore,
 }
 
 impl Durable {
@@ -360,8 +378,11 @@ impl Shared {
     pub(crate) fn has_unwritten(&self) -> bool {
         // Not under the writer lock: a checkpoint writing holds `durable` for as long
         // as it writes, and every writer would wait with us.
-        let durable_lsn = lock(&self.durable).sb.checkpoint_lsn;
+        let (durable_lsn, carried) = {
+            let d = lock(&self.durable);
+            (d.sb.checkpoint_lsn, d.carried.is_some())
+        };
         let w = self.lock_writer();
-        w.last_lsn > durable_lsn || !w.delta.is_empty()
+        carried || w.last_lsn > durable_lsn || !w.delta.is_empty()
     }
 }
