@@ -72,6 +72,26 @@ struct Frozen {
     /// The LSN of a large transaction this checkpoint commits, which has no record
     /// in the log (`lsn` then; the log's last LSN is the one before).
     unlogged: Option<Lsn>,
+    /// Bytes of the nodes dirty at the freeze.
+    dirty_bytes: u64,
+    /// What a put-off checkpoint left: taken in by `write`, before this interval's
+    /// changes (off the writer lock).
+    carried: Option<crate::engine::CarriedOver>,
+}
+
+impl Frozen {
+    /// Puts a put-off checkpoint's changes before this interval's: they happened
+    /// first.
+    fn take_in_carried(&mut self) {
+        let Some(earlier) = self.carried.take() else {
+            return;
+        };
+        self.ref_changes.after(earlier.ref_changes);
+        self.delta.merge(earlier.delta);
+        let later = std::mem::replace(&mut self.backrefs, earlier.backrefs);
+        self.backrefs.merge(later);
+        self.dirty_bytes += earlier.dirty_bytes;
+    }
 }
 
 /// Runs a checkpoint. `held` is the writer state when the caller already holds the
@@ -227,29 +247,24 @@ fn freeze(shared: &Shared, w: &mut WriterState, durable: &mut Durable) -> Result
     // log once this checkpoint is durable (see `write`). Only a commit holding the
     // writer lock through its checkpoint leaves the log behind (`run_holding`).
     let unlogged = (shared.wal.last_lsn() < w.last_lsn).then_some(w.last_lsn);
-    let mut ref_changes = w.refs.take_changes();
-    let mut delta = std::mem::take(&mut w.delta);
-    let mut backrefs = std::mem::take(&mut w.backrefs);
-    if let Some(earlier) = carried {
-        // A put-off checkpoint's changes come first: they happened first.
-        ref_changes.after(earlier.ref_changes);
-        delta.merge(earlier.delta);
-        let mut merged = earlier.backrefs;
-        merged.merge(backrefs);
-        backrefs = merged;
-    }
+    // Taken: this checkpoint writes the carried nodes (or carries them again).
+    shared
+        .carried_dirty_bytes
+        .store(0, std::sync::atomic::Ordering::Relaxed);
     let frozen = Frozen {
         epoch: w.epoch,
         catalog: w.catalog.clone(),
-        ref_changes,
+        ref_changes: w.refs.take_changes(),
         unmerged: w.refs.unmerged(),
         drop_queue: w.drop_queue.clone(),
         lsn: w.last_lsn,
-        delta,
+        delta: std::mem::take(&mut w.delta),
         next_wal_gen: closed_gen + 1,
         append_fence,
-        backrefs,
+        backrefs: std::mem::take(&mut w.backrefs),
         unlogged,
+        dirty_bytes: w.dirty_bytes,
+        carried,
     };
     w.epoch += 1;
     w.dirty_bytes = 0;
@@ -358,6 +373,7 @@ fn write(shared: &Shared, durable: &mut Durable, mut frozen: Frozen) -> Result<u
     // something else filled it meanwhile. A spent reserve is allocated again by the
     // next checkpoint or close with room.
     let _finish = crate::io::allow_reserve();
+    frozen.take_in_carried();
     let mut written = SpaceDelta::default();
     let nodes = collect_dirty(shared, &frozen.catalog)
         .and_then(|levels| write_levels(shared, &levels, &mut written, &mut frozen.backrefs));
@@ -378,7 +394,8 @@ fn write(shared: &Shared, durable: &mut Durable, mut frozen: Frozen) -> Result<u
 /// poison a server until it was restarted.)
 ///
 /// Other errors still poison: an I/O error other than a full disk may mean a failing
-/// device, and a large transaction committing by this checkpoint (`unlogged`) is in
+/// device, a failed segment fsync (a new segment's, say) fails every later one
+/// anyway, and a large transaction committing by this checkpoint (`unlogged`) is in
 /// the writer's state without a log record, so the store must not go on without it.
 fn put_off(
     shared: &Shared,
@@ -387,16 +404,20 @@ fn put_off(
     written: SpaceDelta,
     e: crate::error::Error,
 ) -> crate::error::Error {
-    if !e.is_storage_full() || frozen.unlogged.is_some() {
+    if !e.is_storage_full() || frozen.unlogged.is_some() || shared.segments.syncs_failed() {
         shared.poison(&e);
         return e;
     }
     let mut delta = frozen.delta;
     delta.merge(written);
+    shared
+        .carried_dirty_bytes
+        .store(frozen.dirty_bytes, std::sync::atomic::Ordering::Relaxed);
     durable.carried = Some(crate::engine::CarriedOver {
         ref_changes: frozen.ref_changes,
         delta,
         backrefs: frozen.backrefs,
+        dirty_bytes: frozen.dirty_bytes,
     });
     e
 }

@@ -371,6 +371,7 @@ fn load(
         poisoned: Mutex::new(None),
         background: Arc::default(),
         durable_generation: AtomicU64::new(durable_generation),
+        carried_dirty_bytes: AtomicU64::new(0),
         bg_thread: Mutex::new(None),
         closed: Mutex::new(false),
         _process_lock: process_lock,

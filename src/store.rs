@@ -681,6 +681,8 @@ fn background_loop(
                 }
             }
         }
+        // Finished meanwhile by another checkpoint (a close's, a write making room)?
+        put_off = put_off && lock(&shared.durable).carried.is_some();
         let due = checkpoint_wanted || ((put_off || interval.is_some()) && shared.has_unwritten());
         if due && shared.check_writable().is_ok() {
             // Asked for by the data threshold alone (a volume written fast): its
@@ -695,7 +697,14 @@ fn background_loop(
                 // Put off until the disk has room (a later interval, or a write).
                 continue;
             }
-            put_off = checkpoint::run(&shared, None).is_err_and(|e| e.is_storage_full());
+            if put_off {
+                // The put-off checkpoint spent the reserve: with room again, the
+                // retry gets one to finish on, should the disk fill under it again.
+                let _ = reserve.restore(crate::io::reserve_for(segment_bytes(&shared)));
+            }
+            let failed = checkpoint::run(&shared, None).err();
+            put_off = failed.is_some_and(|e| e.is_storage_full())
+                && lock(&shared.durable).carried.is_some();
             drop(allowed);
             if put_off {
                 continue;

@@ -552,7 +552,14 @@ impl<'s> WriteTxn<'s> {
 
     /// Whether committing by checkpoint costs less than logging `logged` bytes of
     /// operations (see [`CHEAPER_BY_CHECKPOINT_BYTES`]); `w` is the writer state.
+    /// Never while a put-off checkpoint's nodes wait to be written: this checkpoint
+    /// would write them too, without first checking for room, and one that a full
+    /// disk stops here poisons the store (it has no log record to fall back on).
     fn cheaper_by_checkpoint(&self, w: &WriterState, logged: usize) -> bool {
+        let carried = &self.shared.carried_dirty_bytes;
+        if carried.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+            return false;
+        }
         let to_write = w.dirty_bytes + self.changes.dirtied_bytes() + self.grown_bytes;
         logged > CHEAPER_BY_CHECKPOINT_BYTES && to_write <= 2 * logged as u64
     }

@@ -640,3 +640,44 @@ fn writes_beside_the_checkpoint_after_a_put_off_keep_counts_right() {
     let snap = dump(&store.read_at("mid").unwrap()).unwrap();
     assert!(snap == mid, "the snapshot changed after reopening");
 }
+
+/// A transaction large enough to commit by checkpoint (sorted keys past 16 MiB of
+/// operations) goes through the log instead while a put-off checkpoint's nodes wait:
+/// that checkpoint would write them too, without first checking for room, and a
+/// commit by checkpoint that a full disk stops poisons the store (it has no log
+/// record to fall back on).
+#[test]
+fn a_large_transaction_after_a_put_off_is_logged() {
+    let vfs = SimVfs::new();
+    let store = create_sim(&vfs);
+    let mut model = Model::new();
+    let mut rng = Rng::new(51);
+    put_range(&store, &mut model, &mut rng, 0..60_000, 200);
+    let filler = vfs.clone();
+    vfs.before_next_write_to(&newest_segment(&vfs), move || {
+        filler.set_capacity(Some(filler.used_bytes() + (6 << 20)));
+    });
+    store
+        .checkpoint()
+        .expect_err("the disk filled under the checkpoint");
+    vfs.set_capacity(None);
+    let generation = store.stats().unwrap().generation;
+    let mut txn = store.begin_write().unwrap();
+    for i in 0..120_000u32 {
+        let (key, value) = (format!("z{i:07}").into_bytes(), rng.bytes(150));
+        txn.put(&key, &value).unwrap();
+        model.insert(key, value);
+    }
+    txn.commit().unwrap();
+    assert_eq!(
+        store.stats().unwrap().generation,
+        generation,
+        "the large transaction committed by checkpoint while a put-off one waited"
+    );
+    store.checkpoint().unwrap();
+    verify_clean(&store, "after the put-off checkpoint was finished").unwrap();
+    store.close().unwrap();
+    let store = open_sim(&vfs).unwrap();
+    let got = dump(&store.read().unwrap()).unwrap();
+    assert!(diff(&got, &model).is_none(), "{:?}", diff(&got, &model));
+}

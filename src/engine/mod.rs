@@ -129,6 +129,8 @@ pub(crate) struct CarriedOver {
     pub delta: SpaceDelta,
     /// The interval's back references, plus the edges of the nodes written.
     pub backrefs: WriteStore,
+    /// Bytes of the nodes the freeze found dirty (a bound on those still unwritten).
+    pub dirty_bytes: u64,
 }
 
 impl Durable {
@@ -243,6 +245,11 @@ pub(crate) struct Shared {
     pub background: Arc<Signal>,
     /// Mirrors `durable.sb.generation`, readable without waiting for a checkpoint.
     pub durable_generation: AtomicU64,
+    /// Mirrors `durable.carried`'s `dirty_bytes` (0 when nothing is carried), for
+    /// commits, which must not wait for the durable lock: the nodes a put-off
+    /// checkpoint left unwritten are still dirty (`checkpoint_due`, and a large
+    /// transaction does not commit by checkpoint while they wait).
+    pub carried_dirty_bytes: AtomicU64,
     pub bg_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     pub closed: Mutex<bool>,
     /// The process lock on the store directory, held as long as the engine lives.
@@ -343,8 +350,9 @@ impl Shared {
 
     /// Whether a checkpoint threshold has been crossed.
     pub(crate) fn checkpoint_due(&self, dirty_bytes: u64) -> bool {
+        let carried = self.carried_dirty_bytes.load(Ordering::Relaxed);
         self.wal.bytes_since_checkpoint() > self.opts.checkpoint_wal_bytes
-            || dirty_bytes > self.opts.checkpoint_dirty_bytes
+            || dirty_bytes + carried > self.opts.checkpoint_dirty_bytes
             || self.segments.data_since_fence() > self.segments.data_checkpoint_bytes()
     }
 

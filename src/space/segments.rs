@@ -1658,6 +1658,11 @@ impl Segments {
         let _ = self.sync_failed.set(e.to_string());
     }
 
+    /// Whether an fsync of a segment file has failed in this process.
+    pub(crate) fn syncs_failed(&self) -> bool {
+        self.sync_failed.get().is_some()
+    }
+
     /// Fails if an fsync of a segment file has failed in this process.
     fn check_syncs(&self) -> Result<()> {
         match self.sync_failed.get() {
