@@ -1249,3 +1249,61 @@ fn recycled_data_segments_survive_power_loss() {
     }
     assert!(cut_with_spare > 0, "no cut found a spare file on disk");
 }
+
+/// What the writer published as durable (`LOCK`'s record) survives a crash of the
+/// simulated file system, as the file does: after a process kill, a log cut back
+/// below it from outside is corruption, never an older state opened silently. (The
+/// simulated file system used to forget it at every crash, so no crash test here
+/// ran with a `LOCK` that survives.)
+#[test]
+fn a_log_cut_below_what_was_published_is_corruption_after_a_crash() {
+    let vfs = SimVfs::new();
+    let opts = cambium::Options {
+        checkpoint_on_close: false,
+        ..sim_options(&vfs)
+    };
+    let store = Store::create_with(SIM_PATH, opts.clone()).unwrap();
+    for i in 0..200u32 {
+        store
+            .put(format!("k{i:04}").as_bytes(), &[7u8; 300])
+            .unwrap();
+    }
+    drop(store);
+    // Every commit is in the log only (no checkpoint on close).
+    let intact = vfs.fork();
+    let killed = vfs.crash_keep_all();
+    let log = killed
+        .names()
+        .into_iter()
+        .filter(|n| n.starts_with("wal-"))
+        .max()
+        .expect("a log file");
+    let bytes = killed.read_file(&log).unwrap();
+    // Half of its records (zeros follow them: the log is written ahead of itself).
+    let records = bytes.iter().rposition(|&b| b != 0).expect("records");
+    killed.write_file(&log, &bytes[..records / 2]);
+    let opened = Store::open_with(
+        SIM_PATH,
+        cambium::Options {
+            vfs: Some(std::sync::Arc::new(killed)),
+            ..opts
+        },
+    );
+    match opened {
+        Err(e) => assert!(e.is_corruption(), "not a corruption error: {e}"),
+        Ok(store) => panic!(
+            "opened with {} of 200 keys from a log cut short",
+            dump(&store.read().unwrap()).unwrap().len()
+        ),
+    }
+    // The same kill without the cut reopens with every commit.
+    let store = Store::open_with(
+        SIM_PATH,
+        cambium::Options {
+            vfs: Some(std::sync::Arc::new(intact.crash_keep_all())),
+            ..sim_options(&vfs)
+        },
+    )
+    .unwrap();
+    assert_eq!(dump(&store.read().unwrap()).unwrap().len(), 200);
+}

@@ -48,8 +48,10 @@ pub struct SimVfs {
 
 struct Shared {
     inner: Mutex<Inner>,
-    /// What the writer published through its lock (memory only, like the page
-    /// cache: a new image after a crash starts with nothing published).
+    /// What the writer published through its lock. It survives a crash, as `LOCK`
+    /// can: it is written only after the sync it reports, so whatever a power loss
+    /// keeps of it never names more than the log durably holds, and the strictest
+    /// image keeps the newest value (a recovery must then find the log reaching it).
     published: Mutex<Option<u64>>,
     /// A test's code to run before the next write to the file of that name (see
     /// [`SimVfs::before_next_write_to`]).
@@ -404,7 +406,22 @@ impl SimVfs {
         inner.durable_ns.clear();
         inner.dir_log.clear();
         drop(inner);
-        Self::from_inner(image)
+        self.with_published(Self::from_inner(image))
+    }
+
+    /// `image` with what this file system's writer published (see `published`).
+    fn with_published(&self, image: SimVfs) -> SimVfs {
+        let published = *self
+            .shared
+            .published
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        *image
+            .shared
+            .published
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = published;
+        image
     }
 
     /// Simulates a power loss: returns a new file system holding one post-crash
@@ -457,7 +474,8 @@ impl SimVfs {
         copy.read_fail_from = None;
         copy.read_fail_once_at = None;
         copy.gc();
-        Self::from_inner(copy)
+        drop(inner);
+        self.with_published(Self::from_inner(copy))
     }
 
     /// Runs `hook` once, just before the next write to the file named `name` (on
