@@ -1272,12 +1272,7 @@ fn a_log_cut_below_what_was_published_is_corruption_after_a_crash() {
     // Every commit is in the log only (no checkpoint on close).
     let intact = vfs.fork();
     let killed = vfs.crash_keep_all();
-    let log = killed
-        .names()
-        .into_iter()
-        .filter(|n| n.starts_with("wal-"))
-        .max()
-        .expect("a log file");
+    let log = newest_file(&killed, "wal-");
     let bytes = killed.read_file(&log).unwrap();
     // Half of its records (zeros follow them: the log is written ahead of itself).
     let records = bytes.iter().rposition(|&b| b != 0).expect("records");

@@ -342,12 +342,7 @@ fn a_checkpoint_whose_disk_fills_under_it_finishes_on_the_reserve() {
     assert!(vfs.file_len(RESERVE_FILE).is_some(), "the reserve is there");
     // Small values live in the leaves: the only segments are the engine's own, and
     // the newest is the one the checkpoint appends its nodes to.
-    let segment = vfs
-        .names()
-        .into_iter()
-        .filter(|n| n.starts_with("seg-"))
-        .max()
-        .expect("a segment");
+    let segment = newest_file(&vfs, "seg-");
     let filler = vfs.clone();
     vfs.before_next_write_to(&segment, move || {
         filler.set_capacity(Some(filler.used_bytes()));
@@ -473,13 +468,21 @@ fn put_range(
     txn.commit().unwrap();
 }
 
-/// The newest segment file: the one a checkpoint appends its nodes to.
-fn newest_segment(vfs: &SimVfs) -> String {
-    vfs.names()
-        .into_iter()
-        .filter(|n| n.starts_with("seg-"))
-        .max()
-        .expect("a segment")
+/// Runs a checkpoint on a disk that fills (6 MiB past what is used, the reserve
+/// aside) once it starts writing its nodes: it writes some, then meets the full disk
+/// and is put off, with `ENOSPC`.
+fn checkpoint_put_off(store: &Store, vfs: &SimVfs, what: &str) {
+    let filler = vfs.clone();
+    vfs.before_next_write_to(&newest_file(vfs, "seg-"), move || {
+        filler.set_capacity(Some(filler.used_bytes() + (6 << 20)));
+    });
+    let e = store
+        .checkpoint()
+        .expect_err("the disk filled under the checkpoint");
+    assert!(
+        matches!(&e, Error::Io(io) if io.kind() == std::io::ErrorKind::StorageFull),
+        "{what}: {e}"
+    );
 }
 
 /// A checkpoint whose disk stays full while it writes its nodes (past the patience,
@@ -506,18 +509,8 @@ fn a_checkpoint_the_disk_fills_under_is_put_off_and_the_next_finishes_it() {
     put_range(&store, &mut model, &mut rng, 0..60_000, 200);
     let mut crashes = Vec::new();
     for attempt in 0..2u32 {
-        let filler = vfs.clone();
-        vfs.before_next_write_to(&newest_segment(&vfs), move || {
-            filler.set_capacity(Some(filler.used_bytes() + (6 << 20)));
-        });
         let used = vfs.used_bytes();
-        let e = store
-            .checkpoint()
-            .expect_err("the disk filled under the checkpoint");
-        assert!(
-            matches!(&e, Error::Io(io) if io.kind() == std::io::ErrorKind::StorageFull),
-            "attempt {attempt}: {e}"
-        );
+        checkpoint_put_off(&store, &vfs, &format!("attempt {attempt}"));
         assert!(
             vfs.used_bytes() > used + (2 << 20),
             "attempt {attempt}: the checkpoint wrote no nodes before the disk filled"
@@ -588,17 +581,7 @@ fn writes_beside_the_checkpoint_after_a_put_off_keep_counts_right() {
     let mut model = Model::new();
     let mut rng = Rng::new(41);
     put_range(&store, &mut model, &mut rng, 0..60_000, 200);
-    let filler = vfs.clone();
-    vfs.before_next_write_to(&newest_segment(&vfs), move || {
-        filler.set_capacity(Some(filler.used_bytes() + (6 << 20)));
-    });
-    let e = store
-        .checkpoint()
-        .expect_err("the disk filled under the checkpoint");
-    assert!(
-        matches!(&e, Error::Io(io) if io.kind() == std::io::ErrorKind::StorageFull),
-        "{e}"
-    );
+    checkpoint_put_off(&store, &vfs, "the first checkpoint");
     vfs.set_capacity(None);
     store.snapshot("main", "mid").unwrap();
     let mid = model.clone();
@@ -653,13 +636,7 @@ fn a_large_transaction_after_a_put_off_is_logged() {
     let mut model = Model::new();
     let mut rng = Rng::new(51);
     put_range(&store, &mut model, &mut rng, 0..60_000, 200);
-    let filler = vfs.clone();
-    vfs.before_next_write_to(&newest_segment(&vfs), move || {
-        filler.set_capacity(Some(filler.used_bytes() + (6 << 20)));
-    });
-    store
-        .checkpoint()
-        .expect_err("the disk filled under the checkpoint");
+    checkpoint_put_off(&store, &vfs, "the first checkpoint");
     vfs.set_capacity(None);
     let generation = store.stats().unwrap().generation;
     let mut txn = store.begin_write().unwrap();

@@ -361,3 +361,13 @@ pub fn verify_clean(store: &Store, when: &str) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// The file of `vfs` with the greatest name starting with `prefix` (the newest
+/// segment for `seg-`, the newest log file for `wal-`).
+pub fn newest_file(vfs: &SimVfs, prefix: &str) -> String {
+    vfs.names()
+        .into_iter()
+        .filter(|n| n.starts_with(prefix))
+        .max()
+        .unwrap_or_else(|| panic!("no file named {prefix}*"))
+}
