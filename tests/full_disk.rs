@@ -658,3 +658,49 @@ fn a_large_transaction_after_a_put_off_is_logged() {
     let got = dump(&store.read().unwrap()).unwrap();
     assert!(diff(&got, &model).is_none(), "{:?}", diff(&got, &model));
 }
+
+/// A put-off checkpoint followed by the space work that runs its own checkpoints
+/// while lending the writer lock: a clean whose first checkpoint is put off too
+/// (refused with `ENOSPC`, the store not poisoned), then, with room, dropping the
+/// snapshot that shares the tree the failed checkpoints partly wrote, and a shrink
+/// that relocates what is left. `verify` recomputes counts, live bytes and back
+/// references after each; a reopen reads the same.
+#[test]
+fn clean_drop_and_shrink_after_put_off_checkpoints() {
+    let vfs = SimVfs::new();
+    let store = create_sim(&vfs);
+    let mut model = Model::new();
+    let mut rng = Rng::new(61);
+    put_range(&store, &mut model, &mut rng, 0..20_000, 100);
+    store.checkpoint().unwrap();
+    store.snapshot("main", "before").unwrap();
+    put_range(&store, &mut model, &mut rng, 0..60_000, 200);
+    checkpoint_put_off(&store, &vfs, "the first checkpoint");
+    vfs.set_capacity(None);
+    put_range(&store, &mut model, &mut rng, 30_000..36_000, 150);
+    // The clean's settling checkpoint meets the full disk too.
+    let filler = vfs.clone();
+    vfs.before_next_write_to(&newest_file(&vfs, "seg-"), move || {
+        filler.set_capacity(Some(filler.used_bytes() + (6 << 20)));
+    });
+    match store.clean(10.0) {
+        Err(e) => assert!(is_full(&e) && !matches!(e, Error::Poisoned(_)), "{e}"),
+        Ok(report) => panic!("the clean met no full disk: {report:?}"),
+    }
+    vfs.set_capacity(None);
+    store.put(b"after", b"clean").unwrap();
+    model.insert(b"after".to_vec(), b"clean".to_vec());
+    verify_clean(&store, "after the clean was put off").unwrap();
+    store.drop_version("before").unwrap();
+    store.clean(10.0).unwrap();
+    verify_clean(&store, "after the drop and a clean").unwrap();
+    store.shrink().unwrap();
+    verify_clean(&store, "after a shrink").unwrap();
+    let got = dump(&store.read().unwrap()).unwrap();
+    assert!(diff(&got, &model).is_none(), "{:?}", diff(&got, &model));
+    store.close().unwrap();
+    let store = open_sim(&vfs).unwrap();
+    let got = dump(&store.read().unwrap()).unwrap();
+    assert!(diff(&got, &model).is_none(), "{:?}", diff(&got, &model));
+    verify_clean(&store, "reopened").unwrap();
+}
