@@ -682,7 +682,7 @@ fn background_loop(
             }
         }
         // Finished meanwhile by another checkpoint (a close's, a write making room)?
-        put_off = put_off && lock(&shared.durable).carried.is_some();
+        put_off = put_off && shared.checkpoint_put_off();
         let due = checkpoint_wanted || ((put_off || interval.is_some()) && shared.has_unwritten());
         if due && shared.check_writable().is_ok() {
             // Asked for by the data threshold alone (a volume written fast): its
@@ -703,8 +703,7 @@ fn background_loop(
                 let _ = reserve.restore(crate::io::reserve_for(segment_bytes(&shared)));
             }
             let failed = checkpoint::run(&shared, None).err();
-            put_off = failed.is_some_and(|e| e.is_storage_full())
-                && lock(&shared.durable).carried.is_some();
+            put_off = failed.is_some_and(|e| e.is_storage_full()) && shared.checkpoint_put_off();
             drop(allowed);
             if put_off {
                 continue;

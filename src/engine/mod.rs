@@ -382,6 +382,11 @@ impl Shared {
         self.signal(|work| work.drops = true);
     }
 
+    /// Whether a put-off checkpoint left changes for the next one (`Durable::carried`).
+    pub(crate) fn checkpoint_put_off(&self) -> bool {
+        lock(&self.durable).carried.is_some()
+    }
+
     /// Whether anything committed is not yet in a checkpoint.
     pub(crate) fn has_unwritten(&self) -> bool {
         // Not under the writer lock: a checkpoint writing holds `durable` for as long
