@@ -302,6 +302,17 @@ impl Store {
             .map(|_| ())
     }
 
+    /// Whether a version operation is waiting for the writer lock (see
+    /// `Volume::put_written_yielding`).
+    pub(crate) fn version_op_waiting(&self) -> bool {
+        self.shared.version_op_waiting()
+    }
+
+    /// Lets the version operations waiting for the writer lock have it first.
+    pub(crate) fn let_version_ops_in(&self) {
+        self.shared.let_version_ops_in();
+    }
+
     /// Writes values over 1 KiB to a data segment ahead of the transaction that will
     /// name them (see `Segments::write_values_pinned`); hold the pin until it is over.
     pub(crate) fn write_values_pinned(

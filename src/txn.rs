@@ -24,7 +24,7 @@ use crate::btree::node::{Child, ValueRef};
 use crate::btree::{self, Loader};
 use crate::catalog::{VersionId, VersionKind};
 use crate::checkpoint;
-use crate::commit::{self, log_and_publish};
+use crate::commit::{self, log_and_apply};
 use crate::engine::{apply_op, Changes, Shared, View, WriterState};
 use crate::error::{Error, Result};
 use crate::format::BlockRef;
@@ -405,7 +405,7 @@ impl<'s> WriteTxn<'s> {
     fn apply(&mut self, op: &Op<'_>) -> Result<bool> {
         let w = self
             .guard
-            .as_deref()
+            .as_deref_mut()
             .expect("an open transaction holds the writer lock");
         let mut ctx = self.changes.ctx(w, self.shared.loader());
         let result = apply_op(&mut self.root, op, &mut ctx);
@@ -513,13 +513,10 @@ impl<'s> WriteTxn<'s> {
         set_root(&mut guard, version, self.base.take());
         let root = self.root.take();
         let changes = std::mem::take(&mut self.changes);
-        let install = move |w: &mut WriterState| {
-            set_root(w, version, root);
-            changes.merge_into(w);
-        };
         if self.ops == 0 {
             // Nothing to log, but an Immediate commit still promises that everything
             // committed before it is durable (earlier Deferred commits included).
+            changes.revert(&mut guard);
             let last = guard.last_lsn;
             drop(guard);
             if self.durability == Durability::Immediate {
@@ -529,16 +526,35 @@ impl<'s> WriteTxn<'s> {
         }
         match logged {
             Some(batch) => {
-                log_and_publish(shared, guard, &batch.record(), self.durability, |w, _| {
-                    install(w);
+                // The counts changed as the edits were made: a failed append (which
+                // leaves the log as it was) takes them back.
+                let mut changes = Some(changes);
+                let applied = log_and_apply(shared, &mut guard, &batch.record(), |w, _| {
+                    set_root(w, version, root);
+                    if let Some(c) = changes.take() {
+                        c.merge_into(w);
+                    }
                     Ok(())
-                })
+                });
+                match applied {
+                    Ok(((), logged)) => {
+                        drop(guard);
+                        logged.publish(shared, self.durability)
+                    }
+                    Err(e) => {
+                        if let Some(c) = changes {
+                            c.revert(&mut guard);
+                        }
+                        Err(e)
+                    }
+                }
             }
             None => {
                 // Large: no WAL record; a checkpoint under the writer lock makes it
                 // durable, so no later commit is logged on top of a state the log
                 // does not contain.
-                install(&mut guard);
+                set_root(&mut guard, version, root);
+                changes.merge_into(&mut guard);
                 guard.last_lsn = guard.last_lsn.next();
                 checkpoint::run(shared, Some(&mut guard))?;
                 shared.publish(shared.view_of(&guard));
@@ -568,9 +584,11 @@ impl<'s> WriteTxn<'s> {
 impl Drop for WriteTxn<'_> {
     fn drop(&mut self) {
         if let Some(mut guard) = self.guard.take() {
-            // Aborted: put the branch's committed root back. Extents this transaction
-            // wrote stay unreferenced, dead bytes in their segment.
+            // Aborted: put the branch's committed root back, and the reference counts
+            // its edits changed. Extents this transaction wrote stay unreferenced,
+            // dead bytes in their segment.
             set_root(&mut guard, self.version, self.base.take());
+            std::mem::take(&mut self.changes).revert(&mut guard);
         }
     }
 }

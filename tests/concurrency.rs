@@ -240,3 +240,86 @@ fn snapshots_stay_fixed_under_writes_checkpoints_and_drops() {
         assert!(got == *want, "snapshot {name} changed across reopen");
     }
 }
+
+/// A snapshot of a volume taken while batches of writes go on holds every batch
+/// answered before it, and of the batch in flight at most a prefix: the writer,
+/// asked for the writer lock by the snapshot, commits what it has mapped so far and
+/// lets the snapshot in (`Volume::put_written_yielding`), so the snapshot waits for
+/// one write, not for a whole batch. Checked here: each snapshot holds exactly the
+/// first `n` writes of the sequence, `n` at least every answered batch's; and some
+/// batch was split (more commits than batches and snapshots).
+#[test]
+fn volume_snapshots_land_between_writes_of_a_batch() {
+    use cambium::volume::Volume;
+    use std::sync::atomic::AtomicU64;
+    const BATCH: u64 = 32;
+    const BATCHES: u64 = 200;
+    const BS: u64 = 4096;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::create(dir.path().join("s")).unwrap();
+    let vol = Volume::create(&store, "disk", BATCH * BATCHES * BS, BS as u32).unwrap();
+    // Block `i` (the i-th write of the sequence) holds `i + 1` in every word.
+    let content = |i: u64| -> Vec<u8> { (0..BS / 8).flat_map(|_| (i + 1).to_le_bytes()).collect() };
+    let lsn_before = store.stats().unwrap().last_lsn;
+    let answered = AtomicU64::new(0);
+    let mut snaps: Vec<(String, u64)> = Vec::new();
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            for b in 0..BATCHES {
+                let blocks: Vec<Vec<u8>> = (b * BATCH..(b + 1) * BATCH).map(content).collect();
+                let writes: Vec<(u64, &[u8])> = blocks
+                    .iter()
+                    .enumerate()
+                    .map(|(j, data)| ((b * BATCH + j as u64) * BS, &data[..]))
+                    .collect();
+                vol.write_many(&writes, Durability::Deferred).unwrap();
+                answered.store((b + 1) * BATCH, Ordering::Release);
+            }
+        });
+        while !writer.is_finished() {
+            let before = answered.load(Ordering::Acquire);
+            let name = format!("s{}", snaps.len());
+            Volume::snapshot_with(&store, "disk", &name, Durability::Deferred).unwrap();
+            snaps.push((name, before));
+            std::thread::sleep(Duration::from_micros(300));
+        }
+        writer.join().unwrap();
+    });
+    let commits = store.stats().unwrap().last_lsn - lsn_before;
+    let splits = commits.saturating_sub(BATCHES + snaps.len() as u64);
+    assert!(
+        splits > 0,
+        "no batch was split for a snapshot ({commits} commits, {BATCHES} batches, {} snapshots)",
+        snaps.len()
+    );
+    // Every snapshot of a sample: the first `n` writes, and none after them.
+    let step = (snaps.len() / 24).max(1);
+    let mut image = vec![0u8; (BATCH * BATCHES * BS) as usize];
+    for (name, before) in snaps.iter().step_by(step) {
+        let snap = Volume::open(&store, name).unwrap();
+        snap.read_at(0, &mut image).unwrap();
+        let present = |i: u64| {
+            let block = &image[(i * BS) as usize..((i + 1) * BS) as usize];
+            if block.iter().all(|&b| b == 0) {
+                false
+            } else {
+                assert!(
+                    block == content(i),
+                    "{name}: block {i} holds something else"
+                );
+                true
+            }
+        };
+        let n = (0..BATCH * BATCHES).take_while(|&i| present(i)).count() as u64;
+        assert!(
+            n >= *before,
+            "{name}: holds {n} writes, but {before} were answered before it"
+        );
+        let stray = (n..BATCH * BATCHES).find(|&i| present(i));
+        assert!(
+            stray.is_none(),
+            "{name}: write {stray:?} is in it, but write {n} is not"
+        );
+    }
+    store.close().unwrap();
+}

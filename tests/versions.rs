@@ -1023,3 +1023,76 @@ fn deleting_every_key_of_large_entries_leaves_no_empty_node() {
         assert_eq!((main.keys, main.referenced_bytes), (0, 0), "{order}");
     }
 }
+
+/// A transaction changes reference counts as its edits are made (so that its commit
+/// is short), and an abort takes them back. Here transactions copy leaves a snapshot
+/// shares, each copy adding a parent to every extent and child under it, once while
+/// the shared nodes are still in memory and once after a checkpoint wrote them, and
+/// end without committing (aborted, or dropped): the shared-block count is as before
+/// each, and after a checkpoint `verify` recomputes every count from a walk.
+#[test]
+fn an_aborted_transaction_takes_back_the_counts_its_edits_changed() {
+    let vfs = SimVfs::new();
+    let store = create_sim(&vfs);
+    let mut rng = Rng::new(61);
+    let key = |i: u64| format!("k{i:05}").into_bytes();
+    let mut model = Model::new();
+    let mut txn = store.begin_write().unwrap();
+    for i in 0..3_000 {
+        // Every third value is over 1 KiB: an extent, counted like a node.
+        let value = rng.bytes(if i % 3 == 0 { 1_500 } else { 100 });
+        txn.put(&key(i), &value).unwrap();
+        model.insert(key(i), value);
+    }
+    txn.commit().unwrap();
+    for written in [false, true] {
+        if written {
+            store.checkpoint().unwrap();
+        }
+        let snap = format!("snap-{written}");
+        store.snapshot("main", &snap).unwrap();
+        let shared = store.stats().unwrap().shared_blocks;
+        for abort in [true, false] {
+            let mut txn = store.begin_write().unwrap();
+            for _ in 0..400 {
+                let i = rng.below(3_000);
+                if rng.chance(1, 5) {
+                    txn.delete(&key(i)).unwrap();
+                } else {
+                    txn.put(&key(i), &rng.bytes(1_500)).unwrap();
+                }
+            }
+            if abort {
+                txn.abort();
+            } else {
+                drop(txn);
+            }
+            assert_eq!(
+                store.stats().unwrap().shared_blocks,
+                shared,
+                "shared blocks after an {} transaction (nodes written: {written})",
+                if abort { "aborted" } else { "dropped" }
+            );
+        }
+        store.checkpoint().unwrap();
+        verify_clean(
+            &store,
+            &format!("after the aborts (nodes written: {written})"),
+        )
+        .unwrap();
+        assert!(dump(&store.read().unwrap()).unwrap() == model);
+        assert!(dump(&store.read_at(&snap).unwrap()).unwrap() == model);
+    }
+    // The counts left are right for the writes that do commit.
+    let mut txn = store.begin_write().unwrap();
+    for _ in 0..400 {
+        let (i, value) = (rng.below(3_000), rng.bytes(1_500));
+        txn.put(&key(i), &value).unwrap();
+        model.insert(key(i), value);
+    }
+    txn.commit().unwrap();
+    store.close().unwrap();
+    let store = open_sim(&vfs).unwrap();
+    verify_clean(&store, "reopened after a commit").unwrap();
+    assert!(dump(&store.read().unwrap()).unwrap() == model);
+}

@@ -165,26 +165,68 @@ impl RefCounts {
         self.mem.values().cloned().collect()
     }
 
-    /// Applies a committed transaction's changes.
+    /// The count of `t` (one when it has no entry).
+    pub(crate) fn count(&self, t: &Target<'_>) -> u32 {
+        self.base(t)
+    }
+
+    /// Adds `d` to the count of `t`, at once (a transaction's changes, as it makes
+    /// them; `undo` remembers each, so an abort can take them back).
+    pub(crate) fn add(&mut self, t: &Target<'_>, d: i64, undo: &mut CountUndo) {
+        match t {
+            Target::Block(r) => self.add_block(r.addr, d),
+            Target::Mem(n) => self.add_mem(node_id(n), || Arc::clone(n), d),
+        }
+        undo.changes.push(match t {
+            Target::Block(r) => (UndoTarget::Block(r.addr), d),
+            Target::Mem(n) => (UndoTarget::Mem(Arc::clone(n)), d),
+        });
+    }
+
+    /// Takes back the changes `undo` remembers, newest first: the counts are as they
+    /// were before the aborted transaction made them.
+    pub(crate) fn revert(&mut self, undo: CountUndo) {
+        for (t, d) in undo.changes.into_iter().rev() {
+            match t {
+                UndoTarget::Block(addr) => self.add_block(addr, -d),
+                UndoTarget::Mem(n) => self.add_mem(node_id(&n), || n, -d),
+            }
+        }
+    }
+
+    /// Applies a delta collected apart from the counts (the cleaner's, a drop's).
     pub(crate) fn apply(&mut self, delta: RcDelta) {
         for (addr, d) in delta.blocks {
-            let now = self.table.add(addr, d);
-            self.changed.push(addr, now);
+            self.add_block(addr, d);
         }
         for (id, (node, d)) in delta.mem {
-            let now = i64::from(self.mem.get(&id).map_or(1, |e| e.1)) + d;
-            assert!(
-                now >= 0,
-                "reference count of an in-memory node below zero ({now})"
-            );
-            match u32::try_from(now) {
-                Ok(n) if n > 1 => {
-                    self.mem.insert(id, (node, n));
-                }
-                _ => {
-                    self.mem.remove(&id);
-                }
+            self.add_mem(id, || node, d);
+        }
+    }
+
+    fn add_block(&mut self, addr: Addr, d: i64) {
+        let now = self.table.add(addr, d);
+        self.changed.push(addr, now);
+    }
+
+    /// Adds `d` to the count of the in-memory node `id` (`node` gives the `Arc` an
+    /// entry it creates holds).
+    fn add_mem(&mut self, id: NodeId, node: impl FnOnce() -> Arc<Node>, d: i64) {
+        let entry = self.mem.get_mut(&id);
+        let now = i64::from(entry.as_ref().map_or(1, |e| e.1)) + d;
+        assert!(
+            now >= 0,
+            "reference count of an in-memory node below zero ({now})"
+        );
+        match (u32::try_from(now), entry) {
+            (Ok(n), Some(e)) if n > 1 => e.1 = n,
+            (Ok(n), None) if n > 1 => {
+                self.mem.insert(id, (node(), n));
             }
+            (_, Some(_)) => {
+                self.mem.remove(&id);
+            }
+            (_, None) => {}
         }
     }
 
@@ -366,6 +408,24 @@ impl RcDelta {
             }
         }
     }
+}
+
+/// What a count a transaction changed at once was changed by, newest last: what an
+/// abort takes back ([`RefCounts::revert`]). Applying a transaction's count changes
+/// as it makes them, rather than collecting them and applying them at its commit,
+/// keeps the commit short: a batch of volume writes just after a snapshot copies
+/// shared leaves and adds a parent to each of their hundreds of extents, several
+/// thousand changes that a snapshot asked for meanwhile would wait for at the
+/// commit; made as the writes go, a batch can stop between writes and let it in.
+#[derive(Default)]
+pub(crate) struct CountUndo {
+    changes: Vec<(UndoTarget, i64)>,
+}
+
+enum UndoTarget {
+    Block(Addr),
+    /// Held, as the counts' own entry holds it, so its identity is not reused.
+    Mem(Arc<Node>),
 }
 
 #[cfg(test)]

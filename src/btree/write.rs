@@ -23,7 +23,7 @@ use super::node::{
 };
 use super::{child_index, Loader};
 use crate::backref::WriteStore;
-use crate::btree::refcount::{RcDelta, RefCounts, Target};
+use crate::btree::refcount::{CountUndo, RefCounts, Target};
 use crate::error::Result;
 use crate::format::BlockRef;
 use crate::space::SpaceDelta;
@@ -61,10 +61,10 @@ pub(crate) struct WriteCtx<'a> {
     /// Of those, bytes of copies of written nodes: memory holding entries that were
     /// on disk (the rest of a transaction's dirty memory is the entries it added).
     pub copied_written_bytes: &'a mut u64,
-    /// The committed reference counts.
-    pub refs: &'a RefCounts,
-    /// This transaction's changes to them.
-    pub rc: &'a mut RcDelta,
+    /// The writer's reference counts, which an edit changes as it goes.
+    pub refs: &'a mut RefCounts,
+    /// Those changes, for an abort to take back.
+    pub undo: &'a mut CountUndo,
     /// Back references this transaction ends: a written node it frees no longer
     /// points at its children.
     pub backrefs: &'a mut WriteStore,
@@ -84,7 +84,11 @@ impl WriteCtx<'_> {
     }
 
     fn count(&self, t: &Target<'_>) -> u32 {
-        self.rc.count(self.refs, t)
+        self.refs.count(t)
+    }
+
+    fn add_count(&mut self, t: &Target<'_>, d: i64) {
+        self.refs.add(t, d, self.undo);
     }
 
     /// A copy of a shared node is one more parent of each of its children (and of
@@ -92,10 +96,10 @@ impl WriteCtx<'_> {
     fn add_parent_to_children(&mut self, node: &Node) {
         for child in node.children() {
             let t = self.refs.target_ref(child);
-            self.rc.add(&t, 1);
+            self.add_count(&t, 1);
         }
         for (_, r) in node.extents() {
-            self.rc.add(&Target::Block(r), 1);
+            self.add_count(&Target::Block(r), 1);
         }
     }
 
@@ -105,7 +109,7 @@ impl WriteCtx<'_> {
         if let ValueRef::Extent(r) = value {
             let t = Target::Block(r);
             if self.count(&t) > 1 {
-                self.rc.add(&t, -1);
+                self.add_count(&t, -1);
             } else {
                 self.delta.free(r);
             }
@@ -121,7 +125,7 @@ impl WriteCtx<'_> {
     pub(crate) fn release_node(&mut self, child: ChildRef<'_>, queue: &mut Vec<BlockRef>) {
         let t = self.refs.target_ref(child);
         if self.count(&t) > 1 {
-            self.rc.add(&t, -1);
+            self.add_count(&t, -1);
             return;
         }
         match t {
@@ -207,7 +211,7 @@ pub(crate) fn shadow<'c>(slot: &'c mut Child, ctx: &mut WriteCtx<'_>) -> Result<
             };
             let t = Target::Block(r);
             if ctx.count(&t) > 1 {
-                ctx.rc.add(&t, -1);
+                ctx.add_count(&t, -1);
                 ctx.unshared.push(r.addr);
                 ctx.add_parent_to_children(&node);
             } else {
@@ -220,7 +224,7 @@ pub(crate) fn shadow<'c>(slot: &'c mut Child, ctx: &mut WriteCtx<'_>) -> Result<
             let t = Target::Mem(arc);
             if ctx.count(&t) > 1 {
                 let arc = Arc::clone(arc);
-                ctx.rc.add(&Target::Mem(&arc), -1);
+                ctx.add_count(&Target::Mem(&arc), -1);
                 if let Some(r) = arc.disk.get() {
                     ctx.unshared.push(r.addr);
                 }

@@ -13,7 +13,7 @@
 use super::WriterState;
 use crate::backref::WriteStore;
 use crate::btree::node::{Child, Node, ValueRef};
-use crate::btree::refcount::RcDelta;
+use crate::btree::refcount::{CountUndo, RcDelta};
 use crate::btree::{self, Loader, OldValue, WriteCtx};
 use crate::catalog::{Version, VersionId, VersionKind};
 use crate::error::{Error, Result};
@@ -29,8 +29,9 @@ use std::sync::Arc;
 pub(crate) struct Changes {
     /// Live-byte changes.
     delta: SpaceDelta,
-    /// Reference-count changes.
-    rc: RcDelta,
+    /// The reference-count changes, applied as they were made: what an abort takes
+    /// back ([`Changes::revert`]).
+    undo: CountUndo,
     /// Frozen dirty nodes replaced or released; their addresses (assigned by the
     /// checkpoint in flight) are freed at the next freeze.
     superseded: Vec<Arc<Node>>,
@@ -46,7 +47,11 @@ pub(crate) struct Changes {
 
 impl Changes {
     /// A write context over `w`'s committed counts that records into `self`.
-    pub(crate) fn ctx<'a>(&'a mut self, w: &'a WriterState, loader: Loader<'a>) -> WriteCtx<'a> {
+    pub(crate) fn ctx<'a>(
+        &'a mut self,
+        w: &'a mut WriterState,
+        loader: Loader<'a>,
+    ) -> WriteCtx<'a> {
         WriteCtx {
             loader,
             epoch: w.epoch,
@@ -54,8 +59,8 @@ impl Changes {
             superseded: &mut self.superseded,
             dirtied_bytes: &mut self.dirtied_bytes,
             copied_written_bytes: &mut self.copied_written_bytes,
-            refs: &w.refs,
-            rc: &mut self.rc,
+            refs: &mut w.refs,
+            undo: &mut self.undo,
             backrefs: &mut self.backrefs,
             unshared: &mut self.unshared,
         }
@@ -79,10 +84,9 @@ impl Changes {
         self.backrefs.merge(edges);
     }
 
-    /// Folds these changes into the writer state.
+    /// Folds these changes into the writer state (the counts are in it already).
     pub(crate) fn merge_into(self, w: &mut WriterState) {
         w.delta.merge(self.delta);
-        w.refs.apply(self.rc);
         w.superseded.extend(self.superseded);
         w.dirty_bytes += self.dirtied_bytes;
         w.backrefs.merge(self.backrefs);
@@ -92,6 +96,12 @@ impl Changes {
             // Too many to track: `versions()` forgets every remembered flag instead.
             w.unshared_overflowed = true;
         }
+    }
+
+    /// Takes these changes back from the writer state: the counts they changed (the
+    /// rest was never folded in). For a transaction that ends without committing.
+    pub(crate) fn revert(self, w: &mut WriterState) {
+        w.refs.revert(self.undo);
     }
 }
 

@@ -32,7 +32,7 @@ use super::{Shared, WriterState};
 use crate::error::{Error, Result};
 use crate::sync::lock;
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -44,6 +44,9 @@ type LentOp = Box<dyn FnOnce(&Shared, &mut WriterState) + Send>;
 /// at the queue when nothing wakes it (a request notifies it at once).
 const SERVE_POLL: Duration = Duration::from_micros(500);
 
+/// The longest [`Shared::let_version_ops_in`] waits.
+const LET_IN_MAX: Duration = Duration::from_millis(2);
+
 /// The lending side of the writer lock (one per store).
 #[derive(Default)]
 pub(crate) struct Lender {
@@ -54,6 +57,9 @@ pub(crate) struct Lender {
     requested: AtomicBool,
     /// Operations run by a holder since open (`Stats::version_ops_lent`).
     lent: AtomicU64,
+    /// `state.asleep`, readable without the mutex: what a commit that can split
+    /// looks at between its edits ([`Shared::version_op_waiting`]).
+    asleep: AtomicUsize,
 }
 
 impl Lender {
@@ -107,15 +113,46 @@ impl Shared {
             // About to sleep on the lock: a lending holder that takes it before we
             // do lets it go again until we have had it.
             state.asleep += 1;
+            self.lender.asleep.store(state.asleep, Ordering::Release);
         }
         let w = self.lock_writer_checked();
         {
             let mut state = lock(&self.lender.state);
             state.asleep -= 1;
+            self.lender.asleep.store(state.asleep, Ordering::Release);
         }
         self.lender.wake.notify_all();
         let mut w = w?;
         op(self, &mut w)
+    }
+
+    /// Whether a version operation is asleep on the writer lock: a transaction that
+    /// can commit in parts (a volume's batch of writes) commits what it has and lets
+    /// it in ([`Shared::let_version_ops_in`]), so a snapshot of a busy volume waits
+    /// for one edit rather than for a whole batch.
+    pub(crate) fn version_op_waiting(&self) -> bool {
+        self.lender.asleep.load(Ordering::Acquire) > 0
+    }
+
+    /// Waits, not holding the writer lock, until the version operations asleep on it
+    /// have had it (at most [`LET_IN_MAX`]: one may be waiting behind another
+    /// holder, which this caller need not wait for). The lock is not fair: a thread
+    /// that lets it go and takes it again at once would keep them asleep.
+    pub(crate) fn let_version_ops_in(&self) {
+        let deadline = std::time::Instant::now() + LET_IN_MAX;
+        let mut state = lock(&self.lender.state);
+        while state.asleep > 0 {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return;
+            }
+            state = self
+                .lender
+                .wake
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
     }
 
     /// The writer lock, held by a long task that lends it to version operations at

@@ -355,9 +355,7 @@ impl Volume {
                 .zip(extents)
                 .map(|((k, _), r)| (&k[..], r))
                 .collect();
-            let mut txn = self.begin(durability)?;
-            txn.put_written(&pairs)?;
-            let committed = txn.commit();
+            let committed = self.put_written_yielding(&pairs, durability);
             drop(pin);
             return committed;
         }
@@ -391,6 +389,31 @@ impl Volume {
             }
         }
         put_pending(&mut txn, &mut pending)?;
+        txn.commit()
+    }
+
+    /// Maps `pairs` in one transaction, or in several when a version operation asks
+    /// for the writer lock meanwhile: a batch of 32 writes just after a snapshot
+    /// copies leaves and adds a parent to each of their hundreds of extents, and
+    /// takes up to several milliseconds, while a snapshot of a busy volume is
+    /// promised in under one. None of the batch's writes has been answered, so the
+    /// snapshot may fall between its parts; the parts but the last commit with
+    /// deferred durability (the last one's covers them).
+    fn put_written_yielding(
+        &self,
+        pairs: &[(&[u8], BlockRef)],
+        durability: Durability,
+    ) -> Result<()> {
+        let mut txn = self.begin(durability)?;
+        for (i, pair) in pairs.iter().enumerate() {
+            txn.put_written(std::slice::from_ref(pair))?;
+            if i + 1 < pairs.len() && self.store.version_op_waiting() {
+                txn.set_durability(Durability::Deferred);
+                txn.commit()?;
+                self.store.let_version_ops_in();
+                txn = self.begin(durability)?;
+            }
+        }
         txn.commit()
     }
 
