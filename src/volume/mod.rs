@@ -333,8 +333,11 @@ impl Volume {
     }
 
     /// Writes each `(offset, data)` in order (a later write wins where two
-    /// overlap), all in one atomic transaction: what an NBD server does with the
-    /// writes a client has in flight at once, at the cost of one commit.
+    /// overlap), in one transaction: what an NBD server does with the writes a
+    /// client has in flight at once, at the cost of one commit. A snapshot or clone
+    /// asked for meanwhile may land between two blocks of it (see
+    /// `put_written_yielding`): none of these writes has returned yet, so, as
+    /// with a power cut, it may hold any of them, or part of one.
     pub fn write_many(&self, writes: &[(u64, &[u8])], durability: Durability) -> Result<()> {
         for &(offset, data) in writes {
             self.check_range(offset, data.len() as u64)?;
