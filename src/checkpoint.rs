@@ -759,12 +759,12 @@ pub(crate) fn delete_unreachable_segments(shared: &Shared) {
 /// tree is held by the page cache (bounded, and in the packed form readers search
 /// fastest) instead of pinned by the root in the editable form.
 fn unpin_written_roots(shared: &Shared, epoch: u64) {
-    let Ok(mut w) = shared.writer.try_lock() else {
+    let Ok(mut guard) = shared.writer.try_lock() else {
         return;
     };
     // A root is named by address only once its count is in the table by address.
-    w.refs.merge_written(epoch);
-    let w = &mut *w;
+    guard.refs.merge_written(epoch);
+    let w = &mut *guard;
     let mut changed = false;
     for v in &mut w.catalog.versions {
         if let Some(Child::Mem(n)) = &v.root {
@@ -780,5 +780,9 @@ fn unpin_written_roots(shared: &Shared, epoch: u64) {
     if !changed {
         return;
     }
-    shared.republish(shared.view_of(w));
+    let view = shared.view_of(w);
+    // The view this replaces holds the in-memory trees the checkpoint wrote; freeing
+    // them is not the writers' wait.
+    drop(guard);
+    shared.republish(view);
 }
