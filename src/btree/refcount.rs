@@ -19,8 +19,10 @@
 //!   until then a copy keeps such a child as an in-memory pointer (never by address),
 //!   so the address is not used as a key before it has an entry.
 //!
-//! Writers never change these tables directly: a transaction collects an [`RcDelta`]
-//! (aborting drops it) and the commit applies it, just like its `SpaceDelta`.
+//! A transaction changes these tables as its edits go, under the writer lock it holds
+//! throughout, and remembers each change in a [`CountUndo`], which an abort replays
+//! backwards (its `SpaceDelta`, by contrast, is only folded in at commit). The
+//! cleaner and version drops collect an [`RcDelta`] instead and apply it whole.
 //!
 //! Invariant (checked by `verify` from a walk of every version): for every block
 //! reachable from a version root or from the drop queue, the stored count equals the
