@@ -231,7 +231,7 @@ fn dispatch(cli: Cli) -> CliResult {
             poll_max_us,
             zeros_ahead,
             log_small_writes,
-            huge_pages,
+            no_huge_pages,
         } => serve::serve(
             &ctx,
             &mut out,
@@ -242,7 +242,7 @@ fn dispatch(cli: Cli) -> CliResult {
                 poll_max: Duration::from_micros(*poll_max_us),
                 zeros_ahead: *zeros_ahead,
                 log_small_writes: *log_small_writes,
-                huge_pages: *huge_pages,
+                no_huge_pages: *no_huge_pages,
             },
         ),
     };

@@ -34,20 +34,21 @@ pub struct Tuning {
     pub zeros_ahead: bool,
     /// `--log-small-writes`.
     pub log_small_writes: bool,
-    /// `--huge-pages`.
-    pub huge_pages: bool,
+    /// `--no-huge-pages`.
+    pub no_huge_pages: bool,
 }
 
-/// Turns transparent huge pages off for this process (`--huge-pages` leaves them
-/// on). A server's memory grows between checkpoints (dirty nodes, the log of count
+/// Turns transparent huge pages off for this process (`serve --no-huge-pages`). A
+/// server's memory grows between checkpoints (dirty nodes, the log of count
 /// changes), and the first touch of a fresh huge page zeroes 2 MiB at once: 3 to 5 ms
 /// of one thread's time on a VM whose host backs guest memory lazily. The thread is
-/// often a writer holding the writer lock, and a snapshot asked for meanwhile waited
-/// as long: with huge pages, 1 to 3 of 40 snapshots and clones of a busy volume took
-/// over 1 ms, each one waiting behind a single write that took one such fault;
-/// without, none of 200 (BENCHMARKS.md, "Counts applied as edits go"). 4 KiB pages
-/// zero the same memory in small pieces, at ~7% of 4 KiB random-write throughput
-/// there. Best effort: a kernel without the flag leaves them as they were.
+/// often a writer holding the writer lock, and a snapshot asked for meanwhile waits
+/// as long: with huge pages 0 to 6 of 40 snapshots and clones of a busy volume took
+/// over 1 ms, each behind a single write that took one such fault; without, 0 to 2.
+/// Not the default: a direct write from a buffer of 4 KiB pages needs a segment per
+/// page, and a virtio disk takes at most 254 a request, so 1 MiB sequential writes
+/// ran ~40% slower (BENCHMARKS.md, "Counts applied as edits go, and huge pages").
+/// Best effort: a kernel without the flag leaves them as they were.
 fn no_huge_pages() {
     // SAFETY: prctl(PR_SET_THP_DISABLE) takes integers only and sets a flag of this
     // process's memory map; it touches no memory of ours.
@@ -56,7 +57,7 @@ fn no_huge_pages() {
 }
 
 /// `cambium serve DIR [--socket PATH | --listen ADDR:PORT] [--poll-max-us N]
-/// [--zeros-ahead] [--log-small-writes] [--huge-pages]`
+/// [--zeros-ahead] [--log-small-writes] [--no-huge-pages]`
 pub fn serve(
     ctx: &Ctx,
     out: &mut impl Write,
@@ -73,7 +74,7 @@ pub fn serve(
         signal_hook::consts::SIGINT,
     ])
     .map_err(|e| CliError::failure(format!("installing signal handlers: {e}")))?;
-    if !tuning.huge_pages {
+    if tuning.no_huge_pages {
         // Before the store opens and the server's memory grows.
         no_huge_pages();
     }
