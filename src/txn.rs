@@ -512,7 +512,7 @@ impl<'s> WriteTxn<'s> {
         let version = self.version;
         set_root(&mut guard, version, self.base.take());
         let root = self.root.take();
-        let changes = std::mem::take(&mut self.changes);
+        let mut changes = std::mem::take(&mut self.changes);
         if self.ops == 0 {
             // Nothing to log, but an Immediate commit still promises that everything
             // committed before it is durable (earlier Deferred commits included).
@@ -528,12 +528,10 @@ impl<'s> WriteTxn<'s> {
             Some(batch) => {
                 // The counts changed as the edits were made: a failed append (which
                 // leaves the log as it was) takes them back.
-                let mut changes = Some(changes);
+                let undo = changes.take_undo();
                 let applied = log_and_apply(shared, &mut guard, &batch.record(), |w, _| {
                     set_root(w, version, root);
-                    if let Some(c) = changes.take() {
-                        c.merge_into(w);
-                    }
+                    changes.merge_into(w);
                     Ok(())
                 });
                 match applied {
@@ -542,9 +540,7 @@ impl<'s> WriteTxn<'s> {
                         logged.publish(shared, self.durability)
                     }
                     Err(e) => {
-                        if let Some(c) = changes {
-                            c.revert(&mut guard);
-                        }
+                        guard.refs.revert(undo);
                         Err(e)
                     }
                 }

@@ -395,7 +395,7 @@ fn referenced(
         }
 
         fn count(&self, t: &Target<'_>) -> u32 {
-            RcDelta::default().count(self.refs, t)
+            self.refs.count(t)
         }
     }
     impl Visitor for Referenced<'_> {

@@ -130,7 +130,8 @@ impl RefCounts {
         }
     }
 
-    fn base(&self, t: &Target<'_>) -> u32 {
+    /// The count of `t` (one when it has no entry).
+    pub(crate) fn count(&self, t: &Target<'_>) -> u32 {
         match t {
             Target::Block(r) => self.table.get(r.addr),
             Target::Mem(n) => self.mem.get(&node_id(n)).map_or(1, |e| e.1),
@@ -167,22 +168,20 @@ impl RefCounts {
         self.mem.values().cloned().collect()
     }
 
-    /// The count of `t` (one when it has no entry).
-    pub(crate) fn count(&self, t: &Target<'_>) -> u32 {
-        self.base(t)
-    }
-
     /// Adds `d` to the count of `t`, at once (a transaction's changes, as it makes
     /// them; `undo` remembers each, so an abort can take them back).
     pub(crate) fn add(&mut self, t: &Target<'_>, d: i64, undo: &mut CountUndo) {
-        match t {
-            Target::Block(r) => self.add_block(r.addr, d),
-            Target::Mem(n) => self.add_mem(node_id(n), || Arc::clone(n), d),
-        }
-        undo.changes.push(match t {
-            Target::Block(r) => (UndoTarget::Block(r.addr), d),
-            Target::Mem(n) => (UndoTarget::Mem(Arc::clone(n)), d),
-        });
+        let changed = match t {
+            Target::Block(r) => {
+                self.add_block(r.addr, d);
+                UndoTarget::Block(r.addr)
+            }
+            Target::Mem(n) => {
+                self.add_mem(node_id(n), || Arc::clone(n), d);
+                UndoTarget::Mem(Arc::clone(n))
+            }
+        };
+        undo.changes.push((changed, d));
     }
 
     /// Takes back the changes `undo` remembers, newest first: the counts are as they
@@ -395,7 +394,7 @@ impl RcDelta {
             Target::Block(r) => self.blocks.get(&r.addr).copied().unwrap_or(0),
             Target::Mem(n) => self.mem.get(&node_id(n)).map_or(0, |e| e.1),
         };
-        let now = i64::from(base.base(t)) + d;
+        let now = i64::from(base.count(t)) + d;
         u32::try_from(now).unwrap_or(0)
     }
 

@@ -100,8 +100,14 @@ impl Changes {
 
     /// Takes these changes back from the writer state: the counts they changed (the
     /// rest was never folded in). For a transaction that ends without committing.
-    pub(crate) fn revert(self, w: &mut WriterState) {
-        w.refs.revert(self.undo);
+    pub(crate) fn revert(mut self, w: &mut WriterState) {
+        w.refs.revert(self.take_undo());
+    }
+
+    /// The record of the count changes made, for whoever may have to take them back
+    /// once the rest of these changes is handed over (a commit's log append).
+    pub(crate) fn take_undo(&mut self) -> CountUndo {
+        std::mem::take(&mut self.undo)
     }
 }
 
