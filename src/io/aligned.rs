@@ -1,5 +1,7 @@
-//! Buffers aligned for direct I/O, without `unsafe`: a byte vector over-allocated by
-//! one alignment unit, used from its first aligned byte.
+//! Buffers aligned for direct I/O: a growable byte buffer over [`Pages`], its own
+//! page-aligned mapping (backed by huge pages once it is large, see `pages`).
+
+use super::pages::Pages;
 
 /// What `O_DIRECT` asks of a write's buffer address, length and file offset on the
 /// file systems and devices a store lives on (4 KiB covers 512-byte and 4 KiB
@@ -9,73 +11,65 @@ pub(crate) const DIRECT_ALIGN: usize = 4096;
 /// A reusable byte buffer whose contents start at a [`DIRECT_ALIGN`]ed address.
 #[derive(Default)]
 pub(crate) struct AlignedBuf {
-    /// Backing storage; the buffer is `raw[start..start + len]`. Never shrunk, so a
-    /// buffer reused for writes of similar sizes allocates once.
-    raw: Vec<u8>,
-    start: usize,
-    len: usize,
+    /// The contents, at the start of the mapping (page-aligned). Never shrunk, so a
+    /// buffer reused for writes of similar sizes maps (and faults in) its memory
+    /// once.
+    raw: Pages,
 }
 
 impl AlignedBuf {
     /// Empties the buffer, keeping its memory.
     pub(crate) fn clear(&mut self) {
-        self.len = 0;
+        self.raw.set_len(0);
     }
 
     /// Makes room for `additional` more bytes without moving again.
     pub(crate) fn reserve(&mut self, additional: usize) {
-        let len = self.len;
-        if self.start + len + additional > self.raw.len() {
+        let len = self.raw.len();
+        if len + additional > self.raw.capacity() {
             self.reallocate(len + additional);
         }
     }
 
     /// Appends `bytes`.
     pub(crate) fn extend_from_slice(&mut self, bytes: &[u8]) {
-        let at = self.len;
+        let at = self.raw.len();
         self.grow_to(at + bytes.len());
-        self.as_mut_slice()[at..].copy_from_slice(bytes);
+        self.raw[at..].copy_from_slice(bytes);
     }
 
     /// Appends zero bytes up to the next multiple of [`DIRECT_ALIGN`].
     pub(crate) fn pad_to_alignment(&mut self) {
-        let to = self.len.next_multiple_of(DIRECT_ALIGN);
-        let at = self.len;
-        self.grow_to(to);
-        self.as_mut_slice()[at..].fill(0);
+        let at = self.raw.len();
+        self.grow_to(at.next_multiple_of(DIRECT_ALIGN));
+        self.raw[at..].fill(0);
     }
 
     /// Sets the length to `len`, keeping the contents (bytes past the old length are
     /// unspecified until written).
     fn grow_to(&mut self, len: usize) {
-        if self.start + len > self.raw.len() {
+        if len > self.raw.capacity() {
             self.reallocate(len * 2);
         }
-        self.len = len;
+        self.raw.set_len(len);
     }
 
-    /// Moves the contents to an allocation with room for `capacity` bytes, aligned
-    /// afresh (a new allocation's address has its own offset to the next aligned
-    /// byte).
+    /// Moves the contents to a mapping with room for `capacity` bytes.
     fn reallocate(&mut self, capacity: usize) {
-        let mut raw = vec![0u8; capacity.max(DIRECT_ALIGN) + DIRECT_ALIGN];
-        let start = raw.as_ptr().align_offset(DIRECT_ALIGN);
-        raw[start..start + self.len].copy_from_slice(&self.raw[self.start..][..self.len]);
+        let mut raw = Pages::zeroed(capacity.max(DIRECT_ALIGN));
+        let len = self.raw.len();
+        raw[..len].copy_from_slice(&self.raw);
+        raw.set_len(len);
         self.raw = raw;
-        self.start = start;
     }
 
     pub(crate) fn as_slice(&self) -> &[u8] {
-        &self.raw[self.start..self.start + self.len]
-    }
-
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        &mut self.raw[self.start..self.start + self.len]
+        &self.raw
     }
 
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.len
+        self.raw.len()
     }
 }
 

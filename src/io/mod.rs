@@ -15,6 +15,7 @@
 mod aligned;
 mod lock_file;
 mod overlap;
+mod pages;
 mod reserve;
 pub mod sim;
 mod std_vfs;
@@ -29,6 +30,7 @@ pub use reserve::{reserve_for, RESERVE_BYTES, RESERVE_FILE, RESERVE_MIN_BYTES};
 pub(crate) use aligned::{AlignedBuf, DIRECT_ALIGN};
 pub use lock_file::LOCK_FILE;
 pub(crate) use overlap::{Pending as PendingSync, SyncHelper};
+pub(crate) use pages::Pages;
 pub use std_vfs::{raise_open_file_limit, StdVfs};
 pub use unix_socket::{bind_unix, connect_unix};
 

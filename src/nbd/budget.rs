@@ -22,12 +22,13 @@
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::io::Pages;
+
 /// Payloads up to this size use the connection's own buffer, not the budget's.
 pub(super) const SMALL_PAYLOAD: usize = 256 << 10;
 
-/// The alignment a [`PayloadBuf`] gives its bytes: a page, which is what `O_DIRECT`
-/// asks of memory on the file systems this runs on, so an export can write a
-/// payload past the page cache straight from here.
+/// What a buffer is accounted as beyond the bytes asked for, at most: its mapping
+/// is whole pages.
 const PAGE: usize = 4096;
 
 /// The server-wide budget of large payload buffers (module docs).
@@ -45,7 +46,7 @@ struct State {
     /// Bytes of every buffer allocated and not freed: in use plus kept.
     charged: usize,
     /// Buffers given back and kept for reuse, and their total size.
-    kept: Vec<Vec<u8>>,
+    kept: Vec<Pages>,
     kept_bytes: usize,
 }
 
@@ -80,7 +81,7 @@ impl PayloadBudget {
     /// for the budget to have room. `None`: no room in time, or more than the whole
     /// budget asked.
     pub(super) fn take(self: &Arc<Self>, capacity: usize, wait: Duration) -> Option<PayloadBuf> {
-        let size = capacity.checked_add(PAGE)?;
+        let size = capacity.checked_next_multiple_of(PAGE)?;
         if size > self.limit {
             return None;
         }
@@ -89,27 +90,30 @@ impl PayloadBudget {
         loop {
             // The smallest kept buffer that is large enough.
             let fit = (st.kept.iter().enumerate())
-                .filter(|(_, b)| b.len() >= size)
-                .min_by_key(|(_, b)| b.len())
+                .filter(|(_, b)| b.capacity() >= size)
+                .min_by_key(|(_, b)| b.capacity())
                 .map(|(i, _)| i);
             if let Some(i) = fit {
                 let buf = st.kept.swap_remove(i);
-                st.kept_bytes -= buf.len();
+                st.kept_bytes -= buf.capacity();
                 return Some(PayloadBuf::new(buf, capacity, Arc::clone(self)));
             }
             // Kept buffers too small for this one give their room to it.
             let mut freed = Vec::new();
             while st.charged + size > self.limit {
                 let Some(b) = st.kept.pop() else { break };
-                st.kept_bytes -= b.len();
-                st.charged -= b.len();
+                st.kept_bytes -= b.capacity();
+                st.charged -= b.capacity();
                 freed.push(b);
             }
             if st.charged + size <= self.limit {
                 st.charged += size;
                 drop(st);
                 drop(freed);
-                return Some(PayloadBuf::new(vec![0; size], capacity, Arc::clone(self)));
+                // Mapped outside the lock: the first touch of its pages (huge
+                // pages, for a large one) happens as the payload arrives.
+                let buf = Pages::zeroed(size);
+                return Some(PayloadBuf::new(buf, capacity, Arc::clone(self)));
             }
             let now = Instant::now();
             if now >= deadline {
@@ -122,14 +126,14 @@ impl PayloadBudget {
     }
 
     /// Takes back a buffer: kept for reuse if there is room, freed otherwise.
-    fn give_back(&self, buf: Vec<u8>) {
+    fn give_back(&self, buf: Pages) {
         let mut st = self.state();
-        let freed = if st.kept_bytes + buf.len() <= self.keep {
-            st.kept_bytes += buf.len();
+        let freed = if st.kept_bytes + buf.capacity() <= self.keep {
+            st.kept_bytes += buf.capacity();
             st.kept.push(buf);
             None
         } else {
-            st.charged -= buf.len();
+            st.charged -= buf.capacity();
             Some(buf)
         };
         drop(st);
@@ -145,11 +149,11 @@ impl PayloadBudget {
 }
 
 /// A payload buffer from the [`PayloadBudget`], its bytes starting at a page
-/// boundary; given back when dropped.
+/// boundary (so an export can write a payload past the page cache straight from
+/// here, which is what `O_DIRECT` asks of memory); given back when dropped.
 pub(super) struct PayloadBuf {
-    buf: Vec<u8>,
-    /// Where the page-aligned bytes start in `buf`.
-    start: usize,
+    /// The bytes are `buf[..len]`.
+    buf: Pages,
     len: usize,
     /// The capacity asked for (a kept buffer may be larger).
     cap: usize,
@@ -157,15 +161,10 @@ pub(super) struct PayloadBuf {
 }
 
 impl PayloadBuf {
-    fn new(buf: Vec<u8>, cap: usize, budget: Arc<PayloadBudget>) -> PayloadBuf {
-        // (`align_offset` may decline to compute; unaligned only costs the export a
-        // copy.) `buf` has a page more than asked, so any offset under a page fits.
-        let start = Some(buf.as_ptr().align_offset(PAGE))
-            .filter(|&o| o < PAGE)
-            .unwrap_or(0);
+    fn new(mut buf: Pages, cap: usize, budget: Arc<PayloadBudget>) -> PayloadBuf {
+        buf.set_len(buf.capacity());
         PayloadBuf {
             buf,
-            start,
             len: 0,
             cap,
             budget,
@@ -183,7 +182,7 @@ impl PayloadBuf {
         if more > self.room() {
             return None;
         }
-        let at = self.start + self.len;
+        let at = self.len;
         self.len += more;
         Some(&mut self.buf[at..at + more])
     }
@@ -198,7 +197,7 @@ impl PayloadBuf {
     }
 
     pub(super) fn bytes(&self) -> &[u8] {
-        &self.buf[self.start..self.start + self.len]
+        &self.buf[..self.len]
     }
 }
 
@@ -236,10 +235,11 @@ mod tests {
     #[test]
     fn the_budget_bounds_what_is_out_and_waits_for_what_comes_back() {
         let budget = PayloadBudget::new(8 * MIB, MIB);
-        let held: Vec<PayloadBuf> = (0..7)
+        // Eight whole-page buffers fill it exactly.
+        let held: Vec<PayloadBuf> = (0..8)
             .map(|_| budget.take(MIB, Duration::ZERO).unwrap())
             .collect();
-        assert!(budget.charged() <= 8 * MIB);
+        assert_eq!(budget.charged(), 8 * MIB);
         assert!(
             budget.take(MIB, Duration::from_millis(20)).is_none(),
             "no room: times out"
