@@ -279,10 +279,10 @@ pub enum Command {
         /// every such data byte written two or three times (the log's zeros ahead).
         #[arg(long)]
         log_small_writes: bool,
-        /// Turn transparent huge pages off for the server's memory: no fault on a
-        /// fresh huge page then stalls a write (and a snapshot waiting for it) for
-        /// milliseconds, but direct writes of large buffers go out in more, smaller
-        /// requests (1 MiB sequential writes ~40% slower on a virtio disk).
+        /// Turn transparent huge pages off for the large write buffers too (the
+        /// heap never uses them): direct writes of large buffers then go out in
+        /// more, smaller requests (1 MiB sequential writes about half as fast on
+        /// a virtio disk). For systems where huge pages misbehave.
         #[arg(long)]
         no_huge_pages: bool,
     },

@@ -38,20 +38,40 @@ pub struct Tuning {
     pub no_huge_pages: bool,
 }
 
-/// Turns transparent huge pages off for this process (`serve --no-huge-pages`). A
-/// server's memory grows between checkpoints (dirty nodes, the log of count
-/// changes), and the first touch of a fresh huge page zeroes 2 MiB at once: 3 to 5 ms
-/// of one thread's time on a VM whose host backs guest memory lazily. The thread is
-/// often a writer holding the writer lock, and a snapshot asked for meanwhile waits
-/// as long: with huge pages 0 to 6 of 40 snapshots and clones of a busy volume took
-/// over 1 ms, each behind a single write that took one such fault; without, 0 to 2.
-/// Not the default: a direct write from a buffer of 4 KiB pages needs a segment per
-/// page, and a virtio disk takes at most 254 a request, so 1 MiB sequential writes
-/// ran ~40% slower (BENCHMARKS.md, "Counts applied as edits go, and huge pages").
-/// Best effort: a kernel without the flag leaves them as they were.
-fn no_huge_pages() {
+/// Keeps the server's heap off transparent huge pages, whatever the system's mode:
+/// only regions that ask for them (`MADV_HUGEPAGE`) get them, which are the large
+/// direct-write buffers (`io::pages`). A server's heap grows between checkpoints
+/// (dirty nodes, the log of count changes), and the first touch of a fresh huge page
+/// zeroes 2 MiB at once: 3 to 5 ms of one thread's time on a VM whose host backs guest
+/// memory lazily, often a writer's holding the writer lock, with a snapshot waiting.
+/// The binary's allocator is built not to ask for them (mimalloc's `no_thp`), which
+/// is enough where the system's mode is `madvise`; this covers `always` too.
+/// Best effort: kernels before 6.18 refuse the flag and change nothing.
+fn huge_pages_only_where_advised() {
+    /// `linux/prctl.h`'s flag (6.18), not in the `libc` crate yet.
+    const PR_THP_DISABLE_EXCEPT_ADVISED: libc::c_ulong = 1 << 1;
     // SAFETY: prctl(PR_SET_THP_DISABLE) takes integers only and sets a flag of this
     // process's memory map; it touches no memory of ours.
+    #[allow(unsafe_code, reason = "prctl(PR_SET_THP_DISABLE): see SAFETY")]
+    let _ = unsafe {
+        libc::prctl(
+            libc::PR_SET_THP_DISABLE,
+            1 as libc::c_ulong,
+            PR_THP_DISABLE_EXCEPT_ADVISED,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
+}
+
+/// Turns transparent huge pages off for this process entirely (`serve
+/// --no-huge-pages`), the direct-write buffers' too: then a direct write from 4 KiB
+/// pages needs a segment per page, and a virtio disk takes at most 254 a request,
+/// so large writes go out in requests under 1 MiB (1 MiB sequential writes ran at
+/// about half the rate; BENCHMARKS.md, "Huge pages for buffers, not for the heap").
+/// For a system where huge pages misbehave. Best effort, like the default's.
+fn no_huge_pages() {
+    // SAFETY: as in `huge_pages_only_where_advised`.
     #[allow(unsafe_code, reason = "prctl(PR_SET_THP_DISABLE): see SAFETY")]
     let _ = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
 }
@@ -74,9 +94,11 @@ pub fn serve(
         signal_hook::consts::SIGINT,
     ])
     .map_err(|e| CliError::failure(format!("installing signal handlers: {e}")))?;
+    // Before the store opens and the server's memory grows.
     if tuning.no_huge_pages {
-        // Before the store opens and the server's memory grows.
         no_huge_pages();
+    } else {
+        huge_pages_only_where_advised();
     }
     let opts = Options {
         lock_wait: lock_wait(),
