@@ -13,7 +13,7 @@ use crate::format::{Addr, BlockRef, SegmentId};
 use crate::sync::lock;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, TryLockError};
 
 /// What kind of block an address holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -82,6 +82,10 @@ pub struct BlockRefs {
 /// follows the answer, not the store. (The walk sees the writer's current trees;
 /// back references name written parents, so blocks reachable only through nodes not
 /// yet checkpointed are listed without parents.)
+///
+/// The back references are the store's runs, those a checkpoint put off by a full
+/// disk left for the next one (`Durable::carried`), and the writer's since; a
+/// checkpoint writing holds the ones it froze, so this waits until none is.
 pub(crate) fn segment_refs(shared: &Shared, segment: SegmentId) -> Result<Vec<BlockRefs>> {
     // A segment that is not there (any id a user may type, some past what an
     // address can hold) has no blocks.
@@ -94,9 +98,26 @@ pub(crate) fn segment_refs(shared: &Shared, segment: SegmentId) -> Result<Vec<Bl
     let in_segment = |a: Addr| a.segment() == segment;
     // The view keeps every block these trees reach from being deleted while the
     // walk below reads them (a clean may relocate them meanwhile).
-    let (_view, catalog, ws) = {
+    let (_view, catalog, ws) = loop {
         let w = shared.lock_writer();
-        (shared.hold_space(&w), w.catalog.clone(), w.backrefs.clone())
+        // (The writer lock comes first for a checkpoint's freeze too: only a try here.)
+        let durable = match shared.durable.try_lock() {
+            Ok(durable) => durable,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                // A checkpoint is writing: its back references are in neither place
+                // until it is done.
+                drop(w);
+                drop(lock(&shared.durable));
+                continue;
+            }
+        };
+        let mut ws = (durable.carried.as_ref())
+            .map(|carried| carried.backrefs.clone())
+            .unwrap_or_default();
+        drop(durable);
+        ws.merge(w.backrefs.clone());
+        break (shared.hold_space(&w), w.catalog.clone(), ws);
     };
     let mut parents: BTreeMap<Addr, BTreeSet<Addr>> = BTreeMap::new();
     let mut closure: BTreeSet<Addr> = BTreeSet::new();

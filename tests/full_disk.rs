@@ -704,3 +704,85 @@ fn clean_drop_and_shrink_after_put_off_checkpoints() {
     assert!(diff(&got, &model).is_none(), "{:?}", diff(&got, &model));
     verify_clean(&store, "reopened").unwrap();
 }
+
+/// The out-of-line values under the keys `a…`: where each is and the nodes
+/// `Store::backrefs` (`cambium backrefs`) names as pointing at it.
+fn values_and_parents(store: &Store, vfs: &SimVfs) -> Vec<(u32, u64, Vec<cambium::BlockAddress>)> {
+    let mut found = Vec::new();
+    for name in vfs.names() {
+        let Some(id) = name.strip_prefix("seg-").and_then(|n| n.get(..8)) else {
+            continue;
+        };
+        let segment = u32::from_str_radix(id, 16).expect("a segment file's hex id");
+        for b in store.backrefs(segment).unwrap() {
+            if b.kind == cambium::BlockKind::Value && b.key.starts_with(b"a") {
+                found.push((b.segment, b.offset, b.parents));
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// A checkpoint put off by a full disk keeps the back references of the nodes it
+/// wrote for the next one (`Durable::carried`): they are neither in the store's runs
+/// nor the writer's, and `Store::backrefs` must still name them. Here the leaf over
+/// some out-of-line values is rewritten by the put-off checkpoint: the values' parent
+/// is that new leaf, as the next checkpoint, once it has finished, says too (it used
+/// to be the old leaf the store's runs still named).
+#[test]
+fn the_back_references_a_put_off_checkpoint_recorded_are_listed() {
+    let vfs = SimVfs::new();
+    let store = create_sim(&vfs);
+    let mut model = Model::new();
+    let mut rng = Rng::new(37);
+    let mut txn = store.begin_write().unwrap();
+    for i in 0..100u32 {
+        txn.put(format!("a{i:04}").as_bytes(), &rng.bytes(3000))
+            .unwrap();
+    }
+    txn.commit().unwrap();
+    put_range(&store, &mut model, &mut rng, 0..20_000, 100);
+    store.checkpoint().unwrap();
+    let first = values_and_parents(&store, &vfs);
+    assert_eq!(first.len(), 100);
+    // As `checkpoint_put_off`, on the segment the first checkpoint wrote its nodes
+    // to (the newest holds the values).
+    let nodes = (vfs.names().iter())
+        .filter_map(|n| {
+            Some((
+                n,
+                u32::from_str_radix(n.strip_prefix("seg-")?.get(..8)?, 16).ok()?,
+            ))
+        })
+        .find(|(_, id)| {
+            (store.backrefs(*id).unwrap().iter()).any(|b| b.kind == cambium::BlockKind::Leaf)
+        })
+        .map(|(n, _)| n.clone())
+        .expect("a segment holding nodes");
+    // Dirties the values' leaf (low keys: among the first a checkpoint writes), then
+    // enough leaves that the next checkpoint meets the full disk part way.
+    store.put(b"a0000x", b"small").unwrap();
+    put_range(&store, &mut model, &mut rng, 0..60_000, 200);
+    let filler = vfs.clone();
+    vfs.before_next_write_to(&nodes, move || {
+        filler.set_capacity(Some(filler.used_bytes() + (6 << 20)));
+    });
+    let e = store
+        .checkpoint()
+        .expect_err("the disk filled under the checkpoint");
+    assert!(is_full(&e), "{e}");
+    let during = values_and_parents(&store, &vfs);
+    assert!(
+        during.iter().all(|(.., parents)| parents.len() == 1),
+        "every value has one parent, the leaf: {during:?}"
+    );
+    assert_ne!(
+        during, first,
+        "the put-off checkpoint rewrote the values' leaf"
+    );
+    vfs.set_capacity(None);
+    store.checkpoint().unwrap();
+    assert_eq!(values_and_parents(&store, &vfs), during);
+    verify_clean(&store, "after the checkpoint with room").unwrap();
+}
