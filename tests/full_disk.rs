@@ -728,8 +728,8 @@ fn values_and_parents(store: &Store, vfs: &SimVfs) -> Vec<(u32, u64, Vec<cambium
 /// wrote for the next one (`Durable::carried`): they are neither in the store's runs
 /// nor the writer's, and `Store::backrefs` must still name them. Here the leaf over
 /// some out-of-line values is rewritten by the put-off checkpoint: the values' parent
-/// is that new leaf, as the next checkpoint, once it has finished, says too (it used
-/// to be the old leaf the store's runs still named).
+/// is that new leaf, as the next checkpoint, once it has finished, says too (before,
+/// the walk, bounded by the back references it knew, found none of the values).
 #[test]
 fn the_back_references_a_put_off_checkpoint_recorded_are_listed() {
     let vfs = SimVfs::new();
