@@ -50,20 +50,21 @@ impl Pages {
     /// `len` zero bytes, in whole pages. Out of address space is handled like any
     /// failed allocation ([`std::alloc::handle_alloc_error`]).
     pub(crate) fn zeroed(len: usize) -> Pages {
-        let mapped = len.next_multiple_of(PAGE);
-        if mapped == 0 {
+        if len == 0 {
             return Pages::default();
         }
-        let ptr = if mapped >= HUGE_PAGE {
-            map_huge(mapped)
-        } else {
-            map(mapped)
-        };
-        let ptr = ptr.unwrap_or_else(|| {
-            let layout = std::alloc::Layout::from_size_align(mapped, PAGE)
+        // (A length that cannot be rounded up to whole pages cannot be mapped either:
+        // it fails like any other mapping, never maps less than `len`.)
+        let mapped = len.checked_next_multiple_of(PAGE);
+        let ptr = mapped.and_then(|mapped| match mapped >= HUGE_PAGE {
+            true => map_huge(mapped),
+            false => map(mapped),
+        });
+        let (Some(mapped), Some(ptr)) = (mapped, ptr) else {
+            let layout = std::alloc::Layout::from_size_align(len, PAGE)
                 .unwrap_or(std::alloc::Layout::new::<u8>());
             std::alloc::handle_alloc_error(layout)
-        });
+        };
         Pages { ptr, mapped, len }
     }
 
