@@ -225,6 +225,45 @@ mod tests {
         }
     }
 
+    /// The `VmFlags` line of the mapping holding `addr` (the kernel may have merged
+    /// a buffer's mapping with a neighbour of the same kind), if the kernel shows
+    /// `/proc/self/smaps`.
+    fn vm_flags(addr: usize) -> Option<String> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let holds = |line: &str| {
+            let range = line.split_whitespace().next().unwrap_or("");
+            let Some((start, end)) = range.split_once('-') else {
+                return false;
+            };
+            let hex = |h: &str| usize::from_str_radix(h, 16).ok();
+            matches!((hex(start), hex(end)), (Some(s), Some(e)) if s <= addr && addr < e)
+        };
+        let entry = smaps.split('\n').skip_while(|l| !holds(l));
+        let flags = entry.skip(1).find(|l| l.starts_with("VmFlags:"))?;
+        Some(flags.to_owned())
+    }
+
+    #[test]
+    fn large_buffers_are_mappings_advised_for_huge_pages() {
+        let large = Pages::zeroed(2 * HUGE_PAGE + PAGE);
+        let small = Pages::zeroed(16 * PAGE);
+        if std::fs::metadata("/proc/self/smaps").is_err() {
+            return; // no /proc here: a mapping's flags cannot be seen
+        }
+        let large_flags = vm_flags(large.as_ptr() as usize).expect("the large mapping");
+        let small_flags = vm_flags(small.as_ptr() as usize).expect("the small mapping");
+        // `hg`: MADV_HUGEPAGE. (Whether the kernel then finds free huge pages is its
+        // business; what the buffer asks is ours.)
+        assert!(
+            large_flags.split_whitespace().any(|f| f == "hg"),
+            "{large_flags}"
+        );
+        assert!(
+            !small_flags.split_whitespace().any(|f| f == "hg"),
+            "{small_flags}"
+        );
+    }
+
     #[test]
     fn buffers_move_between_threads() {
         let mut p = Pages::zeroed(HUGE_PAGE);
