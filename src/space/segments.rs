@@ -116,6 +116,12 @@ fn is_short(bytes: u64, configured: u64) -> bool {
 /// their own metadata took more room than they gave back.
 const DATA_CHECKPOINT_MIN_BYTES: u64 = 16 << 20;
 
+/// Layout buffers a data stream keeps for reuse (`Appender::scratch`): as many as
+/// writes it usually has out at once (a few connections' batches), so that they do
+/// not map and fault in a new one each time; a buffer is its own mapping, huge-page
+/// backed when large.
+const SCRATCH_KEPT: usize = 4;
+
 /// An append of value extents at least this large goes past the page cache (when the
 /// data segment's end is aligned for it, or can be made so). Smaller ones (a 4 KiB
 /// block, a batch of a few) are buffered: a direct write waits for the device, a
@@ -161,10 +167,11 @@ struct Appender {
     /// After open, before the first append: the segment of this kind the first append
     /// continues (the newest one, if whole and with room).
     resume: Option<SegmentId>,
-    /// Where several blocks are laid out back to back for one write; aligned for a
-    /// direct write, and kept between appends so that a stream of large writes
-    /// allocates (and faults in) its buffer once.
-    scratch: AlignedBuf,
+    /// Buffers where several blocks are laid out back to back for one write (aligned
+    /// for a direct write; see `io::pages`), kept between appends so that a stream of
+    /// writes maps (and faults in) its buffer once: one for each write out at the
+    /// same time, up to [`SCRATCH_KEPT`].
+    scratch: Vec<AlignedBuf>,
     /// Whether the last append was small (buffered, not direct): a stream of small
     /// appends is what a segment filled with zeros ahead speeds up.
     small: bool,
@@ -583,7 +590,7 @@ impl Segments {
                 active: None,
                 end: 0,
                 resume: newest_of[kind as usize],
-                scratch: AlignedBuf::default(),
+                scratch: Vec::new(),
                 small: false,
                 page_whole: false,
             })
@@ -1279,10 +1286,9 @@ impl Segments {
             (_, Some(run)) => Payload::One(run),
             ([one], None) if !direct => Payload::One(one),
             _ => {
-                // The stream's buffer, lent to this write (a stream of large writes
-                // reuses one allocation); a write staged while another is out gets a
-                // new one.
-                let mut buf = std::mem::take(&mut app.scratch);
+                // A kept buffer, lent to this write; a new one when every kept one
+                // is out with another write.
+                let mut buf = app.scratch.pop().unwrap_or_default();
                 buf.clear();
                 buf.reserve(padded);
                 for v in values {
@@ -1382,7 +1388,10 @@ impl Segments {
                     file.write_all_at(buf.as_slice(), at)?;
                 }
                 let len = buf.as_slice().len();
-                self.appender(Kind::Data).scratch = buf;
+                let kept = &mut self.appender(Kind::Data).scratch;
+                if kept.len() < SCRATCH_KEPT {
+                    kept.push(buf);
+                }
                 len
             }
         };
