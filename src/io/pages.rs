@@ -179,15 +179,6 @@ impl DerefMut for Pages {
     }
 }
 
-impl std::fmt::Debug for Pages {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pages")
-            .field("len", &self.len)
-            .field("mapped", &self.mapped)
-            .finish()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -152,9 +152,8 @@ impl PayloadBudget {
 /// boundary (so an export can write a payload past the page cache straight from
 /// here, which is what `O_DIRECT` asks of memory); given back when dropped.
 pub(super) struct PayloadBuf {
-    /// The bytes are `buf[..len]`.
+    /// The bytes (its length is the payload's).
     buf: Pages,
-    len: usize,
     /// The capacity asked for (a kept buffer may be larger).
     cap: usize,
     budget: Arc<PayloadBudget>,
@@ -162,18 +161,13 @@ pub(super) struct PayloadBuf {
 
 impl PayloadBuf {
     fn new(mut buf: Pages, cap: usize, budget: Arc<PayloadBudget>) -> PayloadBuf {
-        buf.set_len(buf.capacity());
-        PayloadBuf {
-            buf,
-            len: 0,
-            cap,
-            budget,
-        }
+        buf.set_len(0);
+        PayloadBuf { buf, cap, budget }
     }
 
     /// Bytes that can still be added after the ones there.
     pub(super) fn room(&self) -> usize {
-        self.cap - self.len
+        self.cap - self.buf.len()
     }
 
     /// Adds `more` bytes (contents unspecified) after the ones there and returns
@@ -182,22 +176,22 @@ impl PayloadBuf {
         if more > self.room() {
             return None;
         }
-        let at = self.len;
-        self.len += more;
-        Some(&mut self.buf[at..at + more])
+        let at = self.buf.len();
+        self.buf.set_len(at + more);
+        Some(&mut self.buf[at..])
     }
 
     /// Drops the bytes after the first `len`.
     pub(super) fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
+        self.buf.set_len(self.buf.len().min(len));
     }
 
     pub(super) fn len(&self) -> usize {
-        self.len
+        self.buf.len()
     }
 
     pub(super) fn bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
+        &self.buf
     }
 }
 
