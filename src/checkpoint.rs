@@ -327,14 +327,12 @@ struct MetaPlan {
 fn plan_meta(
     shared: &Shared,
     durable: &Durable,
-    frozen: &mut Frozen,
+    frozen: &Frozen,
     written: &SpaceDelta,
     generation: u64,
 ) -> Result<MetaPlan> {
     // In order: an address changed twice keeps its last count.
-    let mut ref_changes: BTreeMap<Addr, u32> = std::mem::take(&mut frozen.ref_changes)
-        .into_iter_ordered()
-        .collect();
+    let mut ref_changes: BTreeMap<Addr, u32> = frozen.ref_changes.iter_ordered().collect();
     let mut recorded_from_mem = Vec::new();
     for (node, count) in &frozen.unmerged {
         // Every node with a count above one is reachable from a root, so written.
@@ -354,7 +352,7 @@ fn plan_meta(
         generation,
     )?;
     let persisted: Vec<PendingSegment> = pending.iter().map(PendingDelete::persisted).collect();
-    let drop_queue = std::mem::take(&mut frozen.drop_queue);
+    let drop_queue = frozen.drop_queue.clone();
     let delta = MetaDelta {
         next_id: frozen.catalog.next_id,
         versions,
@@ -374,8 +372,8 @@ fn plan_meta(
 }
 
 /// Writes the frozen state; returns its epoch once it is durable. A failure poisons
-/// the store, except a full disk met while writing the nodes: that checkpoint is put
-/// off ([`put_off`]).
+/// the store, except a full disk met while appending the nodes, the back references
+/// or the metadata: that checkpoint is put off ([`put_off`]).
 fn write(shared: &Shared, durable: &mut Durable, mut frozen: Frozen) -> Result<u64> {
     // A checkpoint that has begun spends the reserve rather than fail: one that could
     // wait began only with room (`has_room`), so it meets a full disk only if
@@ -392,12 +390,13 @@ fn write(shared: &Shared, durable: &mut Durable, mut frozen: Frozen) -> Result<u
     if let Err(e) = nodes {
         return Err(put_off(shared, durable, frozen, written, e));
     }
-    finish(shared, durable, frozen, written).inspect_err(|e| shared.poison(e))
+    finish(shared, durable, frozen, written)
 }
 
-/// A checkpoint whose node writes failed: nothing durable has changed yet (the
-/// superblock still names the previous checkpoint, the log still holds every
-/// commit since it, and the nodes written are unreferenced bytes in a segment), so
+/// A checkpoint whose appends failed (its nodes', its back-reference run's or its
+/// metadata blob's): nothing durable has changed yet (the superblock still names the
+/// previous checkpoint, the log still holds every commit since it, and what was
+/// appended is bytes in a segment nothing durable names), so
 /// on a full disk it is put off rather than poisoning the store: what it took from
 /// the writer at its freeze goes back (`Durable::carried`) for the next checkpoint,
 /// which writes what this one did not. The store stays writable; commits go on into
@@ -434,20 +433,48 @@ fn put_off(
     e
 }
 
-/// The rest of a checkpoint once its nodes are written: their back references, the
-/// metadata blob, the syncs and the superblock.
+/// What a checkpoint appended after its nodes, for the syncs and the superblock.
+struct Appended {
+    generation: u64,
+    meta_ref: BlockRef,
+    chain: Chain,
+    run_segments: Vec<SegmentId>,
+    pending: Vec<PendingDelete>,
+    recorded_from_mem: Vec<Addr>,
+}
+
+/// The rest of a checkpoint once its nodes are written: their back references and
+/// the metadata blob, appended (a full disk there puts the checkpoint off, as in the
+/// nodes' writes), then the syncs and the superblock.
 fn finish(
     shared: &Shared,
     durable: &mut Durable,
     mut frozen: Frozen,
     written: SpaceDelta,
 ) -> Result<u64> {
+    let appended = match append_meta(shared, durable, &mut frozen, &written) {
+        Ok(appended) => appended,
+        Err(e) => return Err(put_off(shared, durable, frozen, written, e)),
+    };
+    make_durable(shared, durable, &frozen, appended).inspect_err(|e| shared.poison(e))
+}
+
+/// Appends the checkpoint's back-reference run and its metadata blob, changing
+/// nothing in memory but the back-reference store (whose new run the next manifest
+/// names even if this checkpoint is put off: `frozen.backrefs` is then emptied, so
+/// that the next one does not record its edges twice).
+fn append_meta(
+    shared: &Shared,
+    durable: &mut Durable,
+    frozen: &mut Frozen,
+    written: &SpaceDelta,
+) -> Result<Appended> {
     let generation = durable.sb.generation + 1;
     let MetaPlan {
         mut delta,
         pending,
         recorded_from_mem,
-    } = plan_meta(shared, durable, &mut frozen, &written, generation)?;
+    } = plan_meta(shared, durable, frozen, written, generation)?;
     // The back references of this generation: one run, appended to the segments and
     // made durable by their sync below, before the superblock.
     let (manifest, run_segments) = {
@@ -461,12 +488,22 @@ fn finish(
             .segments()
             .iter()
             .any(|seg| pending.iter().any(|p| p.segment == *seg));
-        let manifest = store.persist(
-            &shared.segments,
-            std::mem::take(&mut frozen.backrefs),
-            generation,
-            asked || evacuate,
-        )?;
+        let manifest = store
+            .persist(
+                &shared.segments,
+                &frozen.backrefs,
+                generation,
+                asked || evacuate,
+            )
+            .inspect_err(|_| {
+                // Still wanted by the checkpoint that finishes this one.
+                if asked {
+                    shared
+                        .compact_backrefs
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            })?;
+        frozen.backrefs = WriteStore::default();
         (manifest, store.segments())
     };
     delta.backref_manifest = (manifest != durable.meta.backref_manifest).then_some(manifest);
@@ -477,6 +514,32 @@ fn finish(
         .segments()
         .any(|seg| pending.iter().any(|p| p.segment == seg));
     let (meta_ref, chain) = write_meta(shared, durable, delta, rebase)?;
+    Ok(Appended {
+        generation,
+        meta_ref,
+        chain,
+        run_segments,
+        pending,
+        recorded_from_mem,
+    })
+}
+
+/// The syncs and the superblock that make an appended checkpoint durable, and what
+/// follows from it. A failure here poisons the store.
+fn make_durable(
+    shared: &Shared,
+    durable: &mut Durable,
+    frozen: &Frozen,
+    appended: Appended,
+) -> Result<u64> {
+    let Appended {
+        generation,
+        meta_ref,
+        chain,
+        run_segments,
+        pending,
+        recorded_from_mem,
+    } = appended;
     shared.segments.sync()?;
     // The log up to the freeze, durable before the superblock that covers it: the
     // freeze left the closed generation's tail unwritten (`Wal::rotate`), and should
@@ -583,8 +646,9 @@ fn pending_after(
 
 /// Appends this checkpoint's metadata blob: the delta, linked to the durable chain,
 /// or a new base when the chain has grown past its base (see `meta::chain`) or when
-/// `rebase` asks for one. Folds
-/// the delta into `durable.meta` either way; returns the blob and the new chain.
+/// `rebase` asks for one. Folds the delta into `durable.meta` once the blob is
+/// appended (a checkpoint put off by a full disk here leaves it as it was); returns
+/// the blob and the new chain.
 fn write_meta(
     shared: &Shared,
     durable: &mut Durable,
@@ -592,18 +656,20 @@ fn write_meta(
     rebase: bool,
 ) -> Result<(BlockRef, Chain)> {
     let mut encoded = meta::encode_delta(&delta);
-    let link = durable.chain.next_link(encoded.len()).filter(|_| !rebase);
-    durable.meta.apply(delta)?;
-    match link {
+    match durable.chain.next_link(encoded.len()).filter(|_| !rebase) {
         Some(link) => {
             meta::link_delta(&mut encoded, &link);
             let r = shared.segments.append(&encoded)?;
+            durable.meta.apply(delta)?;
             let mut chain = durable.chain.clone();
             chain.blobs.push(r);
             Ok((r, chain))
         }
         None => {
-            let r = shared.segments.append(&meta::encode_base(&durable.meta))?;
+            let mut meta = durable.meta.clone();
+            meta.apply(delta)?;
+            let r = shared.segments.append(&meta::encode_base(&meta))?;
+            durable.meta = meta;
             Ok((r, Chain::of_base(r)))
         }
     }

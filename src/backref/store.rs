@@ -145,16 +145,17 @@ impl BackrefStore {
     /// empty), compacts if that makes more than [`MAX_RUNS`] runs or `compact` asks
     /// for it (see [`BackrefStore::compact`]), and returns the new manifest. The new
     /// blobs are durable with the next [`Segments::sync`], which the caller must do
-    /// before anything durable names the manifest.
+    /// before anything durable names the manifest. On an error the store is as it
+    /// was (the blobs appended before it are bytes nothing names).
     pub(crate) fn persist(
         &mut self,
         segments: &Segments,
-        frozen: WriteStore,
+        frozen: &WriteStore,
         gen: u64,
         compact: bool,
     ) -> Result<Vec<u8>> {
         let started = Instant::now();
-        let result = self.checkpoint(segments, &frozen, gen, compact);
+        let result = self.checkpoint(segments, frozen, gen, compact);
         self.time_spent += frozen.time_spent + started.elapsed();
         result
     }

@@ -39,7 +39,7 @@ fn segments(vfs: &SimVfs) -> Segments {
 
 /// `persist`, then the segment sync the engine does before its superblock.
 fn persist(store: &mut BackrefStore, segs: &Segments, ws: WriteStore, gen: u64) -> Vec<u8> {
-    let m = store.persist(segs, ws, gen, false).unwrap();
+    let m = store.persist(segs, &ws, gen, false).unwrap();
     segs.sync().unwrap();
     m
 }
@@ -350,7 +350,7 @@ fn a_crash_during_persist_leaves_the_previous_manifest_readable() {
             store.set_blob_max(SMALL_BLOBS);
             fork.set_fail_after(Some(fail_at));
             let result = store
-                .persist(&segs, ws.clone(), 9, false)
+                .persist(&segs, &ws, 9, false)
                 .and_then(|m| segs.sync().map(|()| m));
             assert_eq!(result.is_ok(), fail_at >= ops, "fail at {fail_at}");
             let after = fork.crash(seed);
@@ -404,7 +404,7 @@ fn replaced_runs_stay_readable_in_their_segments() {
     let reopened = open(&vfs, Some(&manifests[n - 1])).unwrap();
     assert_eq!(reopened.live_edges(&WriteStore::new()).len(), MAX_RUNS + 1);
     // A forced compaction rewrites even a single run (to move it out of a segment).
-    let m = store.persist(&segs, WriteStore::new(), 99, true).unwrap();
+    let m = store.persist(&segs, &WriteStore::new(), 99, true).unwrap();
     let [moved] = blobs(&m)[..] else {
         panic!("one run")
     };
@@ -604,7 +604,7 @@ impl Harness {
             self.vfs.set_fail_after(Some(self.rng.below(8)));
             if self
                 .store
-                .persist(&self.segs, frozen, self.gen, false)
+                .persist(&self.segs, &frozen, self.gen, false)
                 .is_err()
             {
                 self.torn_persists += 1;

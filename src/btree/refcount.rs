@@ -374,9 +374,10 @@ impl ChangeLog {
         self.chunks.extend(later);
     }
 
-    /// Every change, oldest first.
-    pub(crate) fn into_iter_ordered(self) -> impl Iterator<Item = (Addr, u32)> {
-        self.chunks.into_iter().flatten()
+    /// Every change, oldest first, leaving the log as it is (a checkpoint put off
+    /// after it planned its metadata still has it to carry).
+    pub(crate) fn iter_ordered(&self) -> impl Iterator<Item = (Addr, u32)> + '_ {
+        self.chunks.iter().flatten().copied()
     }
 }
 
@@ -521,7 +522,7 @@ mod tests {
             last.insert(addr, count);
         }
         assert_eq!(log.chunks.len(), 3);
-        let replayed: BTreeMap<Addr, u32> = log.into_iter_ordered().collect();
+        let replayed: BTreeMap<Addr, u32> = log.iter_ordered().collect();
         assert_eq!(replayed, last);
     }
 
