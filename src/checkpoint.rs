@@ -223,10 +223,11 @@ pub(crate) fn request(shared: &Shared) -> Result<()> {
 
 /// Whether a checkpoint that is not required now may run: always on a thread that
 /// may use the reserve; otherwise only with at least the reserve's size free
-/// (`Segments::room_for_metadata`). A checkpoint that fails poisons the store (what
-/// it wrote is not undone), so on a disk another process filled, a checkpoint the
-/// store could put off (an interval's, a close's) waits for room instead of running
-/// into the full disk: the commits stay in the log meanwhile, and the store
+/// (`Segments::room_for_metadata`). A checkpoint that meets a full disk is put off
+/// having spent the reserve and written nodes for nothing (and one committing a large
+/// transaction poisons the store), so on a disk another process filled, a checkpoint
+/// the store could put off (an interval's, a close's) waits for room instead of
+/// running into the full disk: the commits stay in the log meanwhile, and the store
 /// writable. (A server whose disk filled for a moment used to be stuck until it was
 /// restarted.) One that began with room and meets a disk filled meanwhile finishes
 /// on the reserve (`write`).
@@ -647,8 +648,9 @@ fn pending_after(
 /// Appends this checkpoint's metadata blob: the delta, linked to the durable chain,
 /// or a new base when the chain has grown past its base (see `meta::chain`) or when
 /// `rebase` asks for one. Folds the delta into `durable.meta` once the blob is
-/// appended (a checkpoint put off by a full disk here leaves it as it was); returns
-/// the blob and the new chain.
+/// appended (a checkpoint put off by a full disk here leaves it as it was; a base is
+/// encoded from a folded copy, the reference-count table included, which a rebase
+/// holds beside the original while it writes); returns the blob and the new chain.
 fn write_meta(
     shared: &Shared,
     durable: &mut Durable,

@@ -111,14 +111,16 @@ pub(crate) struct Durable {
     pub recorded_from_mem: Vec<crate::format::Addr>,
     /// Bytes of the metadata blob the last checkpoint wrote (0 before the first).
     pub meta_bytes_last: u64,
-    /// What a checkpoint that met a full disk while writing its nodes left for the
-    /// next one (`checkpoint::put_off`): the next freeze takes it in before the
-    /// interval's own changes.
+    /// What a checkpoint that met a full disk while appending (its nodes, its
+    /// back-reference run or its metadata blob) left for the next one
+    /// (`checkpoint::put_off`): the next freeze takes it in before the interval's
+    /// own changes.
     pub carried: Option<CarriedOver>,
 }
 
 /// The interval changes a put-off checkpoint had taken from the writer, plus what its
-/// node writes added before the disk filled: the next checkpoint records them first,
+/// node writes added before the disk filled (all its nodes, if the disk filled at
+/// the back-reference run or the metadata blob): the next checkpoint records them first,
 /// as if the failed one had never frozen. The nodes it wrote keep their addresses
 /// (garbage to a recovery, which never sees them referenced), and the nodes it did
 /// not write stay dirty, so the next checkpoint's walk finds them.
@@ -127,7 +129,9 @@ pub(crate) struct CarriedOver {
     pub ref_changes: crate::btree::refcount::ChangeLog,
     /// The interval's space changes, plus the bytes of the nodes written.
     pub delta: SpaceDelta,
-    /// The interval's back references, plus the edges of the nodes written.
+    /// The interval's back references, plus the edges of the nodes written; empty
+    /// if the checkpoint appended its back-reference run before the disk filled
+    /// (the store in memory holds that run, and the next manifest names it).
     pub backrefs: WriteStore,
     /// Bytes of the nodes the freeze found dirty (a bound on those still unwritten).
     pub dirty_bytes: u64,
