@@ -3,9 +3,9 @@
 //! real holes (never-written, trimmed or hole-punched blocks).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 
-use super::{Export, ExportError, Exports, Extent, ZeroFlags};
+use super::{Export, ExportError, Exports, Extent, Flusher, ZeroFlags};
 
 /// Allocation granularity.
 pub const BLOCK: u64 = 4096;
@@ -22,6 +22,16 @@ pub struct MemDisk {
     read_only: bool,
     size: u64,
     state: Mutex<State>,
+    /// Flushes wait while this is set ([`MemDisk::hold_flushes`]); it counts those
+    /// done too.
+    flushes: Mutex<Flushes>,
+    flushes_released: Condvar,
+}
+
+#[derive(Default)]
+struct Flushes {
+    held: bool,
+    done: u64,
 }
 
 struct State {
@@ -82,7 +92,34 @@ impl MemDisk {
                 allocated: vec![false; blocks],
                 largest_write: 0,
             }),
+            flushes: Mutex::default(),
+            flushes_released: Condvar::new(),
         }
+    }
+
+    /// Makes flushes wait (`true`) until released (`false`): a slow disk's sync, for
+    /// tests of what a server does meanwhile.
+    pub fn hold_flushes(&self, held: bool) {
+        self.flushes().held = held;
+        self.flushes_released.notify_all();
+    }
+
+    /// Flushes done so far.
+    pub fn flushes_done(&self) -> u64 {
+        self.flushes().done
+    }
+
+    fn flushes(&self) -> MutexGuard<'_, Flushes> {
+        self.flushes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A flush: nothing to make durable, once flushes are not held.
+    fn flush(&self) {
+        let mut f = self.flushes();
+        while f.held {
+            f = (self.flushes_released.wait(f)).unwrap_or_else(|p| p.into_inner());
+        }
+        f.done += 1;
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -147,6 +184,16 @@ fn bad_range() -> ExportError {
     ExportError::inval("range outside disk")
 }
 
+/// A disk's flushes from the server's flush thread.
+struct MemFlusher(Arc<MemDisk>);
+
+impl Flusher for MemFlusher {
+    fn flush(&mut self) -> Result<(), ExportError> {
+        self.0.flush();
+        Ok(())
+    }
+}
+
 impl Export for MemHandle {
     fn size(&self) -> u64 {
         self.disk.size
@@ -178,7 +225,11 @@ impl Export for MemHandle {
         Ok(())
     }
     fn flush(&mut self) -> Result<(), ExportError> {
+        self.disk.flush();
         Ok(())
+    }
+    fn flusher(&self) -> Option<Box<dyn Flusher>> {
+        Some(Box::new(MemFlusher(Arc::clone(&self.disk))))
     }
     fn trim(&mut self, offset: u64, len: u64, _fua: bool) -> Result<(), ExportError> {
         self.disk.state().zero(offset, len, true, self.disk.size);

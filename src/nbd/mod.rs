@@ -4,8 +4,8 @@
 //! `base:allocation` metadata context.
 //!
 //! # Contents
-//! - this file: the public interface — [`Exports`] / [`Export`] (what the
-//!   engine implements), [`ExportError`] / [`Errno`], [`Extent`],
+//! - this file: the public interface — [`Exports`] / [`Export`] / [`Flusher`]
+//!   (what the engine implements), [`ExportError`] / [`Errno`], [`Extent`],
 //!   [`ZeroFlags`], [`ServerOptions`], [`Listen`], and re-exports of
 //!   [`Server`] / [`ShutdownHandle`].
 //! - [`proto`]: wire constants and pure encode/decode functions.
@@ -227,6 +227,14 @@ pub trait Export: Send {
     }
     /// Makes every write this export (any connection) has answered durable.
     fn flush(&mut self) -> Result<(), ExportError>;
+    /// A handle that flushes as [`Export::flush`] does, from a thread of the
+    /// server's own, so that a connection reads and applies the requests behind a
+    /// flush while its sync is in flight (NBD lets a reply come in any order, and a
+    /// flush covers only the writes answered before it). `None`, the default: the
+    /// connection runs each flush in line and waits for it.
+    fn flusher(&self) -> Option<Box<dyn Flusher>> {
+        None
+    }
     /// Discards a range (contents afterwards are unspecified until rewritten).
     fn trim(&mut self, offset: u64, len: u64, fua: bool) -> Result<(), ExportError>;
     /// Makes a range read as zeroes.
@@ -240,6 +248,12 @@ pub trait Export: Send {
         len: u64,
         max_extents: usize,
     ) -> Result<Vec<Extent>, ExportError>;
+}
+
+/// Flushes an export from another thread than the connection's ([`Export::flusher`]).
+pub trait Flusher: Send {
+    /// Makes every write the export has answered durable, as [`Export::flush`].
+    fn flush(&mut self) -> Result<(), ExportError>;
 }
 
 /// Limits of a [`Server`].

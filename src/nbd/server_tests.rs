@@ -1130,3 +1130,98 @@ fn a_kept_larger_buffer_does_not_widen_a_landing() {
         "a first landing joins nothing"
     );
 }
+
+/// Holds a disk's flushes until dropped (so a failing test releases them and its
+/// server can stop).
+struct FlushesHeld(std::sync::Arc<super::memory::MemDisk>);
+
+impl FlushesHeld {
+    fn new(disk: &std::sync::Arc<super::memory::MemDisk>) -> FlushesHeld {
+        disk.hold_flushes(true);
+        FlushesHeld(std::sync::Arc::clone(disk))
+    }
+}
+
+impl Drop for FlushesHeld {
+    fn drop(&mut self) {
+        self.0.hold_flushes(false);
+    }
+}
+
+fn request(command: u16, cookie: u64, offset: u64, len: u32) -> Request {
+    Request {
+        flags: 0,
+        command,
+        cookie,
+        offset,
+        len,
+    }
+}
+
+/// A flush syncs on the connection's flush thread: the requests a client sends
+/// behind it are read, applied and answered while it waits for the disk (a read
+/// among them sees the write before it), and it is answered once its sync is done.
+#[test]
+fn the_requests_behind_a_flush_are_answered_while_it_syncs() {
+    let srv = server();
+    let disk = srv.exports.get("disk1").unwrap();
+    let held = FlushesHeld::new(&disk);
+    let mut c = srv.client("disk1", true, false);
+    c.s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.send(request(proto::CMD_WRITE, 1, 0, 4096), &[1; 4096])
+        .unwrap();
+    c.send(request(proto::CMD_FLUSH, 2, 0, 0), &[]).unwrap();
+    c.send(request(proto::CMD_WRITE, 3, 4096, 4096), &[3; 4096])
+        .unwrap();
+    c.send(request(proto::CMD_READ, 4, 4096, 4096), &[])
+        .unwrap();
+    for cookie in [1, 3, 4] {
+        let r = c.recv(4096).unwrap();
+        assert_eq!(
+            (r.cookie, r.error),
+            (cookie, 0),
+            "answered before the flush"
+        );
+        if cookie == 4 {
+            assert_eq!(r.data, vec![3; 4096], "the read sees the write before it");
+        }
+    }
+    assert_eq!(disk.flushes_done(), 0);
+    drop(held);
+    let r = c.recv(0).unwrap();
+    assert_eq!((r.cookie, r.error), (2, 0));
+    assert_eq!(disk.flushes_done(), 1);
+}
+
+/// Flushes sent one after another while a sync is held are all answered once it
+/// is released, and a client that says goodbye with a flush still syncing is
+/// answered before the connection closes.
+#[test]
+fn flushes_queued_behind_a_sync_and_at_goodbye_are_answered() {
+    let srv = server();
+    let disk = srv.exports.get("disk1").unwrap();
+    let held = FlushesHeld::new(&disk);
+    let mut c = srv.client("disk1", false, false);
+    c.s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    for cookie in 1..=3 {
+        c.send(request(proto::CMD_FLUSH, cookie, 0, 0), &[])
+            .unwrap();
+    }
+    c.send(request(proto::CMD_DISC, 9, 0, 0), &[]).unwrap();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        drop(held);
+    });
+    let mut answered: Vec<u64> = (0..3)
+        .map(|_| {
+            let r = c.recv(0).unwrap();
+            assert_eq!(r.error, 0);
+            r.cookie
+        })
+        .collect();
+    answered.sort_unstable();
+    assert_eq!(answered, [1, 2, 3]);
+    assert!(closed(&mut c.s));
+    release.join().unwrap();
+    assert!((1..=3).contains(&disk.flushes_done()));
+}

@@ -1,6 +1,6 @@
 //! The transmission phase: requests are read and answered in order on one
-//! thread, except that a large write is applied on a second one while the first
-//! reads on.
+//! thread, except that a large write is applied on a second one, and a flush
+//! synced on a third, while the first reads on.
 //!
 //! Replies go into a `BufWriter` that is flushed only when the reader holds
 //! no further complete request, so pipelined requests are answered in
@@ -43,6 +43,18 @@
 //! written while the other is received; a client with one or two writes in flight
 //! is never held back for a join.
 //!
+//! **Flushes sync beside the reads.** A flush is handed to the connection's flush
+//! thread, if the export has a [`Flusher`], which syncs and answers it while this
+//! thread reads and applies the requests behind it: a client that keeps writing
+//! behind its flush (qemu's block layer, a guest's queue) would otherwise have those
+//! writes wait for the disk's sync, so that each flush's sync and the next writes
+//! took turns (`qemu-img bench --flush-interval 16 --no-drain`: +28%; a client that
+//! waits for each flush, as fio does, neither gains nor loses). A flush covers the
+//! writes answered before it, and those were applied (committed) before it was
+//! handed over, so a sync that starts later covers them; flushes queued while a sync
+//! runs are all answered by the next one. A large write landing is settled before,
+//! as for any request but a large write.
+//!
 //! **Memory.** A landing's buffer, and a large read's, come from the server's
 //! [`PayloadBudget`] (see its module) and go back as soon as the request is done:
 //! the lander gives a landing's back before it hands the export back, so a reader
@@ -60,7 +72,12 @@ use super::budget::{PayloadBudget, PayloadBuf, SMALL_PAYLOAD};
 use super::handshake::Session;
 use super::proto::{self, ChunkHeader, Descriptor, Request, SimpleReply};
 use super::stream::Stream;
-use super::{Errno, Export, ExportError, ServerOptions, ZeroFlags};
+use super::{Errno, Export, ExportError, Flusher, ServerOptions, ZeroFlags};
+
+/// Most flushes queued for a connection's flush thread: a client with more in
+/// flight waits (its requests stay in the socket) until the running sync answers
+/// the queued ones.
+const MAX_QUEUED_FLUSHES: usize = 64;
 
 /// Most extents asked of the export per NBD_CMD_BLOCK_STATUS.
 const MAX_EXTENTS: usize = 1024;
@@ -109,14 +126,18 @@ pub(super) fn serve(
         out: Replies(Arc::new(Mutex::new(w))),
         lander: None,
         last_landing: 0,
+        flushing: Flushing::NotYet,
         activity,
     };
     let result = conn.run(r);
-    // A write still landing is answered; replies already produced are owed to the
-    // client even if it then broke off.
+    // A write still landing is answered, and so are flushes syncing; replies already
+    // produced are owed to the client even if it then broke off.
     let landed = conn.settle();
     if let Some(lander) = conn.lander.take() {
         lander.stop();
+    }
+    if let Flushing::Beside(flushes) = std::mem::replace(&mut conn.flushing, Flushing::InLine) {
+        flushes.stop();
     }
     let flushed = conn.out.lock().flush();
     result.and(landed).and(flushed)
@@ -160,6 +181,8 @@ struct Conn {
     /// Payload bytes of the last landing while a stream of large writes goes on; 0
     /// once anything else needed the export.
     last_landing: usize,
+    /// How flushes run; decided at the first.
+    flushing: Flushing,
     /// Set idle while waiting for a request with every reply sent (a landing may be
     /// in flight: ending the connection still lands and answers it).
     activity: Arc<Activity>,
@@ -251,6 +274,71 @@ impl Lander {
     }
 }
 
+/// How a connection runs its flushes (module docs).
+enum Flushing {
+    /// No flush yet: the export has not been asked for a [`Flusher`].
+    NotYet,
+    /// The export has none: each flush runs on the connection's thread.
+    InLine,
+    /// On the connection's flush thread.
+    Beside(FlushThread),
+}
+
+/// A connection's flush thread (module docs): syncs through the export's
+/// [`Flusher`] and answers the flushes handed to it, through the connection's
+/// writer.
+struct FlushThread {
+    to_flush: SyncSender<Request>,
+    thread: JoinHandle<()>,
+}
+
+impl FlushThread {
+    fn start(
+        mut flusher: Box<dyn Flusher>,
+        out: Replies,
+        structured: bool,
+    ) -> io::Result<FlushThread> {
+        let (to_flush, flushes) = mpsc::sync_channel::<Request>(MAX_QUEUED_FLUSHES);
+        // Named after the connection's thread ("nbd-conn-N-flush").
+        let name = std::thread::current()
+            .name()
+            .unwrap_or("nbd-conn")
+            .to_owned();
+        let thread = std::thread::Builder::new()
+            .name(format!("{name}-flush"))
+            .spawn(move || {
+                let mut answering = Vec::new();
+                while let Ok(first) = flushes.recv() {
+                    // Every flush queued by now came after the writes it covers were
+                    // applied, so the sync that starts now answers all of them.
+                    answering.push(first);
+                    answering.extend(flushes.try_iter());
+                    let synced = flusher.flush();
+                    let mut w = out.lock();
+                    let answered = answering
+                        .drain(..)
+                        .try_for_each(|req| {
+                            status_reply(&mut *w, structured, req, synced.as_ref().err())
+                        })
+                        .and_then(|()| w.flush());
+                    if answered.is_err() {
+                        // The client is gone; the connection's thread finds out too,
+                        // and its next hand-off fails.
+                        return;
+                    }
+                }
+            })?;
+        Ok(FlushThread { to_flush, thread })
+    }
+
+    /// Closes the queue and waits for the thread, which answers what was queued.
+    fn stop(self) {
+        drop(self.to_flush);
+        // A panic in the export ends the thread; the connection ends anyway.
+        let _ = self.thread.join();
+    }
+}
+
 impl Conn {
     fn run(&mut self, r: &mut BufReader<Stream>) -> io::Result<()> {
         loop {
@@ -292,6 +380,7 @@ impl Conn {
                     Ok(()) => self.write(req),
                     Err(e) => Err(e),
                 },
+                proto::CMD_FLUSH if self.flush_beside(req)? => continue,
                 _ => self.command(req),
             };
             self.reply(req, result)?;
@@ -403,6 +492,33 @@ impl Conn {
             }
             _ => Ok(None),
         }
+    }
+
+    /// Hands a flush to the connection's flush thread, which answers it (module
+    /// docs); false if it is to run in line: the export has no [`Flusher`], or the
+    /// request is invalid.
+    fn flush_beside(&mut self, req: Request) -> io::Result<bool> {
+        if check_flags(req).is_err() {
+            return Ok(false);
+        }
+        if let Flushing::NotYet = self.flushing {
+            self.flushing = match self.export().flusher() {
+                Some(flusher) => Flushing::Beside(FlushThread::start(
+                    flusher,
+                    self.out.clone(),
+                    self.structured,
+                )?),
+                None => Flushing::InLine,
+            };
+        }
+        let Flushing::Beside(flushes) = &self.flushing else {
+            return Ok(false);
+        };
+        flushes
+            .to_flush
+            .send(req)
+            .map_err(|_| io::Error::other("the flush thread is gone"))?;
+        Ok(true)
     }
 
     /// Waits for the write landing, if any, and takes the export back; an error if

@@ -31,7 +31,7 @@
 
 use super::{Run, Volume};
 use crate::error::Error;
-use crate::nbd::{Errno, Export, ExportError, Exports, Extent, ZeroFlags};
+use crate::nbd::{Errno, Export, ExportError, Exports, Extent, Flusher, ZeroFlags};
 use crate::options::Durability;
 use crate::store::Store;
 use std::sync::Arc;
@@ -116,11 +116,34 @@ struct VolumeExport {
 impl VolumeExport {
     /// The NBD error for `e`, reported to the failure hook if it is the store's.
     fn fail(&self, e: Error) -> ExportError {
-        let error = to_nbd(e);
-        if let (Some(hook), Some(e)) = (&self.on_failure, &error.1) {
-            hook(self.volume.name(), e);
-        }
-        error.0
+        fail(&self.on_failure, self.volume.name(), e)
+    }
+}
+
+/// The NBD error for `e`, reported to `hook` (as volume `name`'s) if it is the
+/// store's.
+fn fail(hook: &Option<FailureHook>, name: &str, e: Error) -> ExportError {
+    let error = to_nbd(e);
+    if let (Some(hook), Some(e)) = (hook, &error.1) {
+        hook(name, e);
+    }
+    error.0
+}
+
+/// A volume's flushes, from the server's flush thread: a sync of the store, which
+/// needs nothing of the connection's handle (it makes every commit so far durable,
+/// whatever the volume).
+struct VolumeFlusher {
+    store: Store,
+    name: String,
+    on_failure: Option<FailureHook>,
+}
+
+impl Flusher for VolumeFlusher {
+    fn flush(&mut self) -> Result<(), ExportError> {
+        self.store
+            .sync()
+            .map_err(|e| fail(&self.on_failure, &self.name, e))
     }
 }
 
@@ -163,6 +186,14 @@ impl Export for VolumeExport {
 
     fn flush(&mut self) -> Result<(), ExportError> {
         self.volume.sync().map_err(|e| self.fail(e))
+    }
+
+    fn flusher(&self) -> Option<Box<dyn Flusher>> {
+        Some(Box::new(VolumeFlusher {
+            store: self.volume.store.clone(),
+            name: self.volume.name().to_owned(),
+            on_failure: self.on_failure.clone(),
+        }))
     }
 
     fn trim(&mut self, offset: u64, len: u64, fua: bool) -> Result<(), ExportError> {
