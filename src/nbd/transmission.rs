@@ -217,6 +217,18 @@ struct Landed {
     answered: io::Result<()>,
 }
 
+/// Starts a helper thread of the connection, named after the connection's thread
+/// and its `role` ("nbd-conn-N-lander").
+fn spawn_helper(role: &str, work: impl FnOnce() + Send + 'static) -> io::Result<JoinHandle<()>> {
+    let conn = std::thread::current()
+        .name()
+        .unwrap_or("nbd-conn")
+        .to_owned();
+    std::thread::Builder::new()
+        .name(format!("{conn}-{role}"))
+        .spawn(work)
+}
+
 /// A connection's lander thread (module docs).
 struct Lander {
     to_land: SyncSender<Landing>,
@@ -228,36 +240,29 @@ impl Lander {
     fn start(out: Replies, structured: bool) -> io::Result<Lander> {
         let (to_land, jobs) = mpsc::sync_channel::<Landing>(1);
         let (done, landed) = mpsc::sync_channel(1);
-        // Named after the connection's thread ("nbd-conn-N-lander").
-        let name = std::thread::current()
-            .name()
-            .unwrap_or("nbd-conn")
-            .to_owned();
-        let thread = std::thread::Builder::new()
-            .name(format!("{name}-lander"))
-            .spawn(move || {
-                while let Ok(l) = jobs.recv() {
-                    let Landing {
-                        mut export,
-                        reqs,
-                        payload,
-                    } = l;
-                    let fua = reqs.iter().any(|r| r.flags & proto::CMD_FLAG_FUA != 0);
-                    let applied = export.write(reqs[0].offset, payload.bytes(), fua);
-                    drop(payload);
-                    let mut w = out.lock();
-                    let answered = reqs
-                        .iter()
-                        .try_for_each(|&req| {
-                            status_reply(&mut *w, structured, req, applied.as_ref().err())
-                        })
-                        .and_then(|()| w.flush());
-                    drop(w);
-                    if done.send(Landed { export, answered }).is_err() {
-                        return;
-                    }
+        let thread = spawn_helper("lander", move || {
+            while let Ok(l) = jobs.recv() {
+                let Landing {
+                    mut export,
+                    reqs,
+                    payload,
+                } = l;
+                let fua = reqs.iter().any(|r| r.flags & proto::CMD_FLAG_FUA != 0);
+                let applied = export.write(reqs[0].offset, payload.bytes(), fua);
+                drop(payload);
+                let mut w = out.lock();
+                let answered = reqs
+                    .iter()
+                    .try_for_each(|&req| {
+                        status_reply(&mut *w, structured, req, applied.as_ref().err())
+                    })
+                    .and_then(|()| w.flush());
+                drop(w);
+                if done.send(Landed { export, answered }).is_err() {
+                    return;
                 }
-            })?;
+            }
+        })?;
         Ok(Lander {
             to_land,
             landed,
@@ -299,35 +304,28 @@ impl FlushThread {
         structured: bool,
     ) -> io::Result<FlushThread> {
         let (to_flush, flushes) = mpsc::sync_channel::<Request>(MAX_QUEUED_FLUSHES);
-        // Named after the connection's thread ("nbd-conn-N-flush").
-        let name = std::thread::current()
-            .name()
-            .unwrap_or("nbd-conn")
-            .to_owned();
-        let thread = std::thread::Builder::new()
-            .name(format!("{name}-flush"))
-            .spawn(move || {
-                let mut answering = Vec::new();
-                while let Ok(first) = flushes.recv() {
-                    // Every flush queued by now came after the writes it covers were
-                    // applied, so the sync that starts now answers all of them.
-                    answering.push(first);
-                    answering.extend(flushes.try_iter());
-                    let synced = flusher.flush();
-                    let mut w = out.lock();
-                    let answered = answering
-                        .drain(..)
-                        .try_for_each(|req| {
-                            status_reply(&mut *w, structured, req, synced.as_ref().err())
-                        })
-                        .and_then(|()| w.flush());
-                    if answered.is_err() {
-                        // The client is gone; the connection's thread finds out too,
-                        // and its next hand-off fails.
-                        return;
-                    }
+        let thread = spawn_helper("flush", move || {
+            let mut answering = Vec::new();
+            while let Ok(first) = flushes.recv() {
+                // Every flush queued by now came after the writes it covers were
+                // applied, so the sync that starts now answers all of them.
+                answering.push(first);
+                answering.extend(flushes.try_iter());
+                let synced = flusher.flush();
+                let mut w = out.lock();
+                let answered = answering
+                    .drain(..)
+                    .try_for_each(|req| {
+                        status_reply(&mut *w, structured, req, synced.as_ref().err())
+                    })
+                    .and_then(|()| w.flush());
+                if answered.is_err() {
+                    // The client is gone; the connection's thread finds out too,
+                    // and its next hand-off fails.
+                    return;
                 }
-            })?;
+            }
+        })?;
         Ok(FlushThread { to_flush, thread })
     }
 
