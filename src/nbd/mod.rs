@@ -235,6 +235,13 @@ pub trait Export: Send {
     fn flusher(&self) -> Option<Box<dyn Flusher>> {
         None
     }
+    /// A handle that lands large writes in two steps ([`Writer`]), from threads of
+    /// the server's own: a connection streaming large writes then puts one write's
+    /// data on disk while the write before it is committed. `None`, the default:
+    /// each large write is one [`Export::write`].
+    fn writer(&self) -> Option<Box<dyn Writer>> {
+        None
+    }
     /// Discards a range (contents afterwards are unspecified until rewritten).
     fn trim(&mut self, offset: u64, len: u64, fua: bool) -> Result<(), ExportError>;
     /// Makes a range read as zeroes.
@@ -254,6 +261,30 @@ pub trait Export: Send {
 pub trait Flusher: Send {
     /// Makes every write the export has answered durable, as [`Export::flush`].
     fn flush(&mut self) -> Result<(), ExportError>;
+}
+
+/// Lands an export's large writes in two steps ([`Export::writer`]): the data, then
+/// the commit that makes the write part of the export. The server keeps each
+/// connection's writes in order: it commits them in the order they came, and
+/// answers each once committed.
+pub trait Writer: Send + Sync {
+    /// Puts the bytes of a write of `data` at `offset` on disk, out of sight until
+    /// [`PendingWrite::commit`]. `Ok(None)` if this write cannot be split so:
+    /// [`Writer::write`] it then.
+    fn write_ahead(
+        &self,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<Option<Box<dyn PendingWrite + '_>>, ExportError>;
+    /// Writes `data` at `offset` in one step, as [`Export::write`].
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError>;
+}
+
+/// A write whose bytes are on disk ([`Writer::write_ahead`]). Dropped uncommitted,
+/// it never happened.
+pub trait PendingWrite: Send {
+    /// Makes the write part of the export; durable before returning if `fua`.
+    fn commit(self: Box<Self>, fua: bool) -> Result<(), ExportError>;
 }
 
 /// Limits of a [`Server`].

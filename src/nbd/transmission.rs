@@ -1,6 +1,6 @@
 //! The transmission phase: requests are read and answered in order on one
-//! thread, except that a large write is applied on a second one, and a flush
-//! synced on a third, while the first reads on.
+//! thread, except that large writes are applied on a second one (and committed on
+//! a third), and a flush synced on another, while the first reads on.
 //!
 //! Replies go into a `BufWriter` that is flushed only when the reader holds
 //! no further complete request, so pipelined requests are answered in
@@ -19,10 +19,19 @@
 //! with no round trip through this thread (two thread wake-ups, ~0.3 ms a landing
 //! on a VM whose idle vCPUs halt; +5% for a QD8 stream of 1 MiB writes). The
 //! export lies in a slot the two threads share: anything else that needs it waits
-//! until every queued landing has landed, so requests are still applied in order
-//! and one write at a time; only the reading overlaps. Small requests never touch the lander
-//! (a hand-off per 4 KiB request cost random reads 30–60% when everything went
-//! through a second thread).
+//! until every queued landing has been answered, so requests are still applied in
+//! order. Small requests never touch the lander (a hand-off per 4 KiB request cost
+//! random reads 30–60% when everything went through a second thread).
+//!
+//! **Landings in two steps.** An export with a [`Writer`] (a volume's) lands each
+//! write as its data, put on disk out of sight, then a commit that makes it part of
+//! the export. The lander writes one landing's data while a **committer** thread
+//! commits the landing before it and answers it, so the disk is not idle while a
+//! transaction maps the blocks in (for 2.6 MB landings, ~1.0 ms of data and ~0.3 ms
+//! of commit; +14% for a QD8 stream of 1 MiB writes). Commits go in the order the
+//! writes came, so a later write still wins where two overlap; a write that cannot
+//! be split (not all whole blocks of data) is written in one step by the
+//! committer, in its turn.
 //!
 //! A large write that continues the one before it (a sequential stream's next
 //! chunk), whose header is already in the reader's buffer, joins its landing: its
@@ -76,7 +85,7 @@ use super::budget::{PayloadBudget, PayloadBuf, SMALL_PAYLOAD};
 use super::handshake::Session;
 use super::proto::{self, ChunkHeader, Descriptor, Request, SimpleReply};
 use super::stream::Stream;
-use super::{Errno, Export, ExportError, Flusher, ServerOptions, ZeroFlags};
+use super::{Errno, Export, ExportError, Flusher, PendingWrite, ServerOptions, Writer, ZeroFlags};
 
 /// Most flushes queued for a connection's flush thread: a client with more in
 /// flight waits (its requests stay in the socket) until the running sync answers
@@ -215,13 +224,18 @@ struct Landing {
 /// Starts a helper thread of the connection, named after the connection's thread
 /// and its `role` ("nbd-conn-N-lander").
 fn spawn_helper(role: &str, work: impl FnOnce() + Send + 'static) -> io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(helper_name(role))
+        .spawn(work)
+}
+
+/// The name of the current thread's helper in `role`: "<its name>-<role>".
+fn helper_name(role: &str) -> String {
     let conn = std::thread::current()
         .name()
         .unwrap_or("nbd-conn")
         .to_owned();
-    std::thread::Builder::new()
-        .name(format!("{conn}-{role}"))
-        .spawn(work)
+    format!("{conn}-{role}")
 }
 
 /// A connection's lander thread (module docs).
@@ -247,6 +261,8 @@ struct LanderState {
     export: Option<Box<dyn Export>>,
     /// Landings not started yet, in order: at most [`MAX_QUEUED_LANDINGS`].
     queue: VecDeque<Landing>,
+    /// Landings taken from the queue and not answered yet.
+    in_flight: usize,
     /// Set when a landing's replies could not be sent (the client is gone).
     unanswered: Option<io::Error>,
     stop: bool,
@@ -268,11 +284,16 @@ impl LanderShared {
 }
 
 impl Lander {
-    fn start(out: Replies, structured: bool) -> io::Result<Lander> {
+    fn start(
+        out: Replies,
+        structured: bool,
+        writer: Option<Box<dyn Writer>>,
+    ) -> io::Result<Lander> {
         let shared = Arc::new(LanderShared {
             state: Mutex::new(LanderState {
                 export: None,
                 queue: VecDeque::new(),
+                in_flight: 0,
                 unanswered: None,
                 stop: false,
                 gone: false,
@@ -281,7 +302,9 @@ impl Lander {
             idle: Condvar::new(),
         });
         let lander = shared.clone();
-        let thread = spawn_helper("lander", move || land_all(&lander, &out, structured))?;
+        let thread = spawn_helper("lander", move || {
+            land_all(&lander, &out, structured, writer);
+        })?;
         Ok(Lander { shared, thread })
     }
 
@@ -317,7 +340,7 @@ impl Lander {
             if let Some(e) = st.unanswered.take() {
                 return Err(e);
             }
-            if st.queue.is_empty() {
+            if st.queue.is_empty() && st.in_flight == 0 {
                 if let Some(export) = st.export.take() {
                     return Ok(export);
                 }
@@ -342,8 +365,14 @@ impl Lander {
     }
 }
 
-/// The lander thread: lands what is queued, in order, and answers each write.
-fn land_all(shared: &LanderShared, out: &Replies, structured: bool) {
+/// The lander thread: lands what is queued, in order, and answers each write; in
+/// two steps if the export has a [`Writer`].
+fn land_all(
+    shared: &LanderShared,
+    out: &Replies,
+    structured: bool,
+    writer: Option<Box<dyn Writer>>,
+) {
     /// Tells the connection's thread, however this thread ends.
     struct Gone<'a>(&'a LanderShared);
     impl Drop for Gone<'_> {
@@ -353,38 +382,143 @@ fn land_all(shared: &LanderShared, out: &Replies, structured: bool) {
         }
     }
     let _gone = Gone(shared);
-    let mut st = shared.lock();
-    loop {
-        let Some(Landing { reqs, payload }) = st.queue.pop_front() else {
-            if st.stop {
-                return;
-            }
-            st = shared.work.wait(st).unwrap_or_else(PoisonError::into_inner);
-            continue;
-        };
-        let Some(mut export) = st.export.take() else {
+    let answer = Answer {
+        shared,
+        out,
+        structured,
+    };
+    match writer {
+        Some(writer) => land_in_two_steps(shared, &answer, &*writer),
+        None => land_in_one_step(shared, &answer),
+    }
+}
+
+/// Each landing is one [`Export::write`], with the export taken from the slot.
+fn land_in_one_step(shared: &LanderShared, answer: &Answer<'_>) {
+    while let Some(Landing { reqs, payload }) = next_landing(shared) {
+        let Some(mut export) = shared.lock().export.take() else {
             unreachable!("queued with the export or behind one that put it back");
         };
-        drop(st);
-        // Room for the next landing.
-        shared.idle.notify_one();
-        let fua = reqs.iter().any(|r| r.flags & proto::CMD_FLAG_FUA != 0);
-        let applied = export.write(reqs[0].offset, payload.bytes(), fua);
-        // The budget back before the export: a reader waiting for room never waits
-        // on a buffer its own connection holds.
+        let applied = export.write(reqs[0].offset, payload.bytes(), fua(&reqs));
+        shared.lock().export = Some(export);
+        answer.landed(&reqs, payload, applied);
+    }
+}
+
+/// Each landing's data goes to disk ([`Writer::write_ahead`]) while the landing
+/// before it commits, on a committer thread that then answers it (module docs). The
+/// export stays in the slot: the count of landings not yet answered keeps the
+/// connection's thread from taking it meanwhile.
+fn land_in_two_steps(shared: &LanderShared, answer: &Answer<'_>, writer: &dyn Writer) {
+    std::thread::scope(|scope| {
+        // A rendezvous: one landing's data is written while the one before commits.
+        let (to_commit, written) = mpsc::sync_channel::<Written<'_>>(0);
+        let committer = std::thread::Builder::new()
+            .name(helper_name("committer"))
+            .spawn_scoped(scope, move || {
+                for Written {
+                    reqs,
+                    payload,
+                    ahead,
+                } in written
+                {
+                    let fua = fua(&reqs);
+                    let applied = match ahead {
+                        Ok(Some(pending)) => pending.commit(fua),
+                        Ok(None) => writer.write(reqs[0].offset, payload.bytes(), fua),
+                        Err(e) => Err(e),
+                    };
+                    answer.landed(&reqs, payload, applied);
+                }
+            });
+        let Ok(committer) = committer else {
+            // No thread to be had: both steps here.
+            while let Some(Landing { reqs, payload }) = next_landing(shared) {
+                let fua = fua(&reqs);
+                let applied = writer.write(reqs[0].offset, payload.bytes(), fua);
+                answer.landed(&reqs, payload, applied);
+            }
+            return;
+        };
+        while let Some(Landing { reqs, payload }) = next_landing(shared) {
+            let ahead = writer.write_ahead(reqs[0].offset, payload.bytes());
+            let written = Written {
+                reqs,
+                payload,
+                ahead,
+            };
+            if to_commit.send(written).is_err() {
+                break; // the committer panicked
+            }
+        }
+        drop(to_commit);
+        if let Err(panic) = committer.join() {
+            std::panic::resume_unwind(panic);
+        }
+    });
+}
+
+/// A landing whose data is on disk, for the committer.
+struct Written<'w> {
+    reqs: Vec<Request>,
+    payload: PayloadBuf,
+    ahead: Result<Option<Box<dyn PendingWrite + 'w>>, ExportError>,
+}
+
+/// Whether any of a landing's writes asked for FUA (the landing is durable before
+/// any is answered).
+fn fua(reqs: &[Request]) -> bool {
+    reqs.iter().any(|r| r.flags & proto::CMD_FLAG_FUA != 0)
+}
+
+/// The next landing queued, once there is one, counted as in flight; `None` once
+/// the lander is to stop and the queue is empty.
+fn next_landing(shared: &LanderShared) -> Option<Landing> {
+    let mut st = shared.lock();
+    loop {
+        if let Some(landing) = st.queue.pop_front() {
+            st.in_flight += 1;
+            drop(st);
+            // Room for the next landing.
+            shared.idle.notify_one();
+            return Some(landing);
+        }
+        if st.stop {
+            return None;
+        }
+        st = shared.work.wait(st).unwrap_or_else(PoisonError::into_inner);
+    }
+}
+
+/// Answers landings, through the connection's writer.
+struct Answer<'a> {
+    shared: &'a LanderShared,
+    out: &'a Replies,
+    structured: bool,
+}
+
+impl Answer<'_> {
+    /// Answers each of a landing's writes with `applied`'s outcome, and counts the
+    /// landing out.
+    fn landed(&self, reqs: &[Request], payload: PayloadBuf, applied: Result<(), ExportError>) {
+        // The budget back first: a reader waiting for room never waits on a buffer
+        // its own connection holds.
         drop(payload);
-        let mut w = out.lock();
+        let mut w = self.out.lock();
         let answered = reqs
             .iter()
-            .try_for_each(|&req| status_reply(&mut *w, structured, req, applied.as_ref().err()))
+            .try_for_each(|&req| {
+                status_reply(&mut *w, self.structured, req, applied.as_ref().err())
+            })
             .and_then(|()| w.flush());
         drop(w);
-        st = shared.lock();
-        st.export = Some(export);
+        let mut st = self.shared.lock();
+        st.in_flight -= 1;
         if let Err(e) = answered {
             st.unanswered.get_or_insert(e);
         }
-        shared.idle.notify_one();
+        drop(st);
+        self.shared.idle.notify_one();
     }
 }
 
@@ -525,7 +659,10 @@ impl Conn {
         let joined = self.join(r, &mut reqs, &mut payload);
         let lander = match &mut self.lander {
             Some(lander) => lander,
-            none => none.insert(Lander::start(self.out.clone(), self.structured)?),
+            none => {
+                let writer = self.export.as_ref().and_then(|export| export.writer());
+                none.insert(Lander::start(self.out.clone(), self.structured, writer)?)
+            }
         };
         self.last_landing = payload.len();
         // The export goes with the first landing of a stream; the next ones find it

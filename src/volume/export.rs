@@ -29,9 +29,11 @@
 //! # Ok(()) }
 //! ```
 
-use super::{Run, Volume};
+use super::{Run, Volume, WrittenAhead};
 use crate::error::Error;
-use crate::nbd::{Errno, Export, ExportError, Exports, Extent, Flusher, ZeroFlags};
+use crate::nbd::{
+    Errno, Export, ExportError, Exports, Extent, Flusher, PendingWrite, Writer, ZeroFlags,
+};
 use crate::options::Durability;
 use crate::store::Store;
 use std::sync::Arc;
@@ -147,6 +149,51 @@ impl Flusher for VolumeFlusher {
     }
 }
 
+/// A volume's large writes in two steps, from the server's lander threads: a
+/// handle of its own on the volume (they are cheap).
+struct VolumeWriter {
+    volume: Volume,
+    on_failure: Option<FailureHook>,
+}
+
+impl Writer for VolumeWriter {
+    fn write_ahead(
+        &self,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<Option<Box<dyn PendingWrite + '_>>, ExportError> {
+        match self.volume.write_ahead(offset, data) {
+            Ok(Some(written)) => Ok(Some(Box::new(VolumePendingWrite {
+                written,
+                writer: self,
+            }))),
+            Ok(None) => Ok(None),
+            Err(e) => Err(fail(&self.on_failure, self.volume.name(), e)),
+        }
+    }
+
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
+        self.volume
+            .write_at(offset, data, durability(fua))
+            .map_err(|e| fail(&self.on_failure, self.volume.name(), e))
+    }
+}
+
+/// Blocks a [`VolumeWriter`] wrote ahead.
+struct VolumePendingWrite<'w> {
+    written: WrittenAhead<'w>,
+    writer: &'w VolumeWriter,
+}
+
+impl PendingWrite for VolumePendingWrite<'_> {
+    fn commit(self: Box<Self>, fua: bool) -> Result<(), ExportError> {
+        let writer = self.writer;
+        self.written
+            .commit(durability(fua))
+            .map_err(|e| fail(&writer.on_failure, writer.volume.name(), e))
+    }
+}
+
 fn durability(fua: bool) -> Durability {
     if fua {
         Durability::Immediate
@@ -192,6 +239,13 @@ impl Export for VolumeExport {
         Some(Box::new(VolumeFlusher {
             store: self.volume.store.clone(),
             name: self.volume.name().to_owned(),
+            on_failure: self.on_failure.clone(),
+        }))
+    }
+
+    fn writer(&self) -> Option<Box<dyn Writer>> {
+        Some(Box::new(VolumeWriter {
+            volume: self.volume.clone(),
             on_failure: self.on_failure.clone(),
         }))
     }

@@ -76,6 +76,41 @@ pub struct Volume {
     kind: VersionKind,
 }
 
+/// Blocks written to disk by [`Volume::write_ahead`], not yet part of the volume.
+/// Dropped without [`WrittenAhead::commit`], they never are (dead space).
+#[must_use = "the blocks are not in the volume until committed"]
+pub struct WrittenAhead<'v> {
+    volume: &'v Volume,
+    keys: Vec<BlockKey>,
+    extents: Vec<BlockRef>,
+    /// Keeps their segment from being deleted before the commit names them.
+    _pin: crate::space::Pin<'v>,
+}
+
+impl WrittenAhead<'_> {
+    /// Maps the blocks in, as one transaction (a snapshot asked for meanwhile may
+    /// land between two of them, as for [`Volume::write_many`]); durable on return
+    /// under [`Durability::Immediate`].
+    pub fn commit(self, durability: Durability) -> Result<()> {
+        let pairs: Vec<(&[u8], BlockRef)> = self
+            .keys
+            .iter()
+            .zip(&self.extents)
+            .map(|(k, r)| (&k[..], *r))
+            .collect();
+        self.volume.put_written_yielding(&pairs, durability)
+    }
+}
+
+impl std::fmt::Debug for WrittenAhead<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WrittenAhead")
+            .field("volume", &self.volume.name())
+            .field("blocks", &self.keys.len())
+            .finish_non_exhaustive()
+    }
+}
+
 /// A run of a volume's address space, as [`Volume::allocation`] reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Run {
@@ -345,22 +380,12 @@ impl Volume {
         if let Some(blocks) = self.whole_blocks(writes) {
             // The common case (whole blocks of data): the blocks go to their segment
             // before the transaction takes the writer lock, which then covers only the
-            // mappings (see `write_values_pinned`). One write's blocks go to disk from
-            // its own buffer if it is aligned for a direct write (an NBD landing's is).
-            let values: Vec<&[u8]> = blocks.iter().map(|(_, v)| *v).collect();
+            // mappings (see `write_values_pinned`).
             let run = match writes {
                 [(_, data)] => Some(*data),
                 _ => None,
             };
-            let (extents, pin) = self.store.write_values_pinned(&values, run)?;
-            let pairs: Vec<(&[u8], BlockRef)> = blocks
-                .iter()
-                .zip(extents)
-                .map(|((k, _), r)| (&k[..], r))
-                .collect();
-            let committed = self.put_written_yielding(&pairs, durability);
-            drop(pin);
-            return committed;
+            return self.write_blocks_ahead(blocks, run)?.commit(durability);
         }
         let mut txn = self.begin(durability)?;
         let bs = self.header.block_size as usize;
@@ -418,6 +443,39 @@ impl Volume {
             }
         }
         txn.commit()
+    }
+
+    /// The first half of [`Volume::write_at`], for a caller that overlaps one write's
+    /// commit with the next one's data (an NBD server's stream of large writes): the
+    /// blocks of `data` go to disk now, out of sight, and [`WrittenAhead::commit`]
+    /// maps them in, as one transaction. `None` if `data` is not all whole blocks of
+    /// data (a partial block is read first, a block of zeroes is a hole): write it
+    /// with [`Volume::write_at`] then. A crash before the commit leaves the volume
+    /// as it was; the blocks written are dead space.
+    pub fn write_ahead(&self, offset: u64, data: &[u8]) -> Result<Option<WrittenAhead<'_>>> {
+        self.check_range(offset, data.len() as u64)?;
+        match self.whole_blocks(&[(offset, data)]) {
+            Some(blocks) => self.write_blocks_ahead(blocks, Some(data)).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes `blocks` to a data segment. `run` may be their bytes back to back in
+    /// memory: if aligned for a direct write (an NBD landing's are), they go to disk
+    /// from there.
+    fn write_blocks_ahead(
+        &self,
+        blocks: Vec<(BlockKey, &[u8])>,
+        run: Option<&[u8]>,
+    ) -> Result<WrittenAhead<'_>> {
+        let values: Vec<&[u8]> = blocks.iter().map(|(_, v)| *v).collect();
+        let (extents, pin) = self.store.write_values_pinned(&values, run)?;
+        Ok(WrittenAhead {
+            volume: self,
+            keys: blocks.into_iter().map(|(k, _)| k).collect(),
+            extents,
+            _pin: pin,
+        })
     }
 
     /// The blocks of `writes` with their keys, if every piece is a whole block, none

@@ -396,3 +396,71 @@ fn drop_this_leaves_a_newcomer_of_the_same_name_alone() {
         Err(Error::VolumeNotFound(_))
     ));
 }
+
+/// A write in two steps: the blocks written ahead are out of sight until committed,
+/// and never in the volume if the commit does not come (a crash, or the write
+/// dropped); a write that is not all whole blocks of data is left to `write_at`.
+#[test]
+fn blocks_written_ahead_are_seen_only_once_committed() {
+    let sim = crate::io::sim::SimVfs::new();
+    let opts = crate::options::Options {
+        vfs: Some(std::sync::Arc::new(sim.clone())),
+        ..crate::options::Options::default()
+    };
+    let store = Store::create_with(std::path::Path::new("/sim"), opts).unwrap();
+    let vol = Volume::create(&store, "disk", 1 << 20, BS as u32).unwrap();
+    vol.write_at(0, &[1u8; 4 * BS as usize], Durability::Deferred)
+        .unwrap();
+    let read = |vol: &Volume| {
+        let mut b = vec![0u8; 4 * BS as usize];
+        vol.read_at(0, &mut b).unwrap();
+        b
+    };
+
+    let ahead = vol
+        .write_ahead(BS, &[2u8; 2 * BS as usize])
+        .unwrap()
+        .expect("whole blocks of data");
+    assert!(read(&vol).iter().all(|&x| x == 1), "seen before its commit");
+    ahead.commit(Durability::Deferred).unwrap();
+    let mut want = vec![1u8; 4 * BS as usize];
+    want[BS as usize..3 * BS as usize].fill(2);
+    assert_eq!(read(&vol), want);
+
+    let dropped = vol.write_ahead(0, &[3u8; BS as usize]).unwrap();
+    drop(dropped);
+    assert_eq!(
+        read(&vol),
+        want,
+        "a write never committed is not in the volume"
+    );
+
+    // Written ahead, then the process killed before the commit (every write kept):
+    // not there after recovery.
+    let lost = vol.write_ahead(0, &[4u8; BS as usize]).unwrap();
+    vol.sync().unwrap();
+    let after = sim.crash_keep_all();
+    drop(lost);
+    drop(vol);
+    drop(store);
+    let opts = crate::options::Options {
+        vfs: Some(std::sync::Arc::new(after)),
+        ..crate::options::Options::default()
+    };
+    let store = Store::open_with(std::path::Path::new("/sim"), opts).unwrap();
+    let vol = Volume::open(&store, "disk").unwrap();
+    assert_eq!(read(&vol), want);
+
+    let mut partial = vec![5u8; 2 * BS as usize];
+    partial[..BS as usize].fill(0);
+    assert!(
+        vol.write_ahead(0, &partial).unwrap().is_none(),
+        "a block of zeroes is a hole, not data"
+    );
+    assert!(vol.write_ahead(1, &[6u8; BS as usize]).unwrap().is_none());
+    assert!(matches!(
+        vol.write_ahead(1 << 20, &[7u8; BS as usize]),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert_eq!(read(&vol), want, "nothing written by refusals");
+}
