@@ -37,7 +37,7 @@ mod fuzz_tests;
 #[cfg(test)]
 mod server_tests;
 #[cfg(test)]
-mod test_client;
+pub(crate) mod test_client;
 
 pub use self::server::{Server, ShutdownHandle};
 

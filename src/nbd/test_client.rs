@@ -8,14 +8,14 @@ use std::time::Duration;
 use super::proto::{self, ChunkHeader, OptionHeader, OptionReplyHeader, Request, SimpleReply};
 
 /// A connected test client.
-pub(super) struct Client {
+pub(crate) struct Client {
     pub s: UnixStream,
     pub structured: bool,
 }
 
 /// A decoded reply to one request.
 #[derive(Debug, Default)]
-pub(super) struct Reply {
+pub(crate) struct Reply {
     pub cookie: u64,
     /// 0 on success.
     pub error: u32,

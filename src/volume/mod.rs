@@ -1025,4 +1025,6 @@ fn push_run(runs: &mut Vec<Run>, max_runs: usize, len: u64, allocated: bool) -> 
 }
 
 #[cfg(test)]
+mod export_tests;
+#[cfg(test)]
 mod tests;
