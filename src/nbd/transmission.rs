@@ -253,10 +253,10 @@ struct LanderShared {
     idle: Condvar,
 }
 
-/// The export lies here whenever neither thread is using it: the lander takes it
-/// for each landing and puts it back after, so the connection's thread can queue
-/// the next landing without waiting for the last, and takes it back for anything
-/// else once the queue is empty.
+/// The export lies here while landings are queued or in flight (a lander without a
+/// [`Writer`] takes it for each landing and puts it back after), so the
+/// connection's thread can queue the next landing without waiting for the last; it
+/// takes the export back for anything else once every landing has been answered.
 struct LanderState {
     export: Option<Box<dyn Export>>,
     /// Landings not started yet, in order: at most [`MAX_QUEUED_LANDINGS`].
@@ -331,7 +331,7 @@ impl Lander {
         Ok(())
     }
 
-    /// Waits until every queued landing has landed and takes the export back; an
+    /// Waits until every queued landing has been answered and takes the export back; an
     /// error if a landing's replies could not be sent (the client is gone) or the
     /// lander died with the export.
     fn take_export(&self) -> io::Result<Box<dyn Export>> {
