@@ -103,3 +103,78 @@ fn a_volumes_large_writes_land_in_two_steps_in_order() {
         .unwrap();
     assert!(stored == model, "the store holds what was answered");
 }
+
+/// The disk fills while a stream of large writes lands in two steps: every write is
+/// answered, with success or ENOSPC, nothing hangs, and afterwards each write
+/// answered with success is there and each one refused left its range as it was.
+#[test]
+fn a_disk_filling_under_two_step_landings_refuses_whole_writes() {
+    const SIZE: usize = 32 << 20;
+    const WRITE: usize = 1 << 20;
+    let sim = crate::io::sim::SimVfs::new();
+    let opts = crate::options::Options {
+        vfs: Some(std::sync::Arc::new(sim.clone())),
+        ..crate::options::Options::default()
+    };
+    let store = Store::create_with(std::path::Path::new("/sim"), opts).unwrap();
+    Volume::create(&store, "vol", SIZE as u64, 4096).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nbd.sock");
+    let server = Server::bind(&Listen::Unix(path.clone()), ServerOptions::default()).unwrap();
+    let handle = server.shutdown_handle();
+    let exports: std::sync::Arc<dyn Exports> =
+        std::sync::Arc::new(VolumeExports::new(store.clone()));
+    let serving = std::thread::spawn(move || server.run(exports));
+
+    let mut c = Client::connect(&path).unwrap();
+    c.go("vol", true, false).unwrap();
+    sim.set_capacity(Some(sim.used_bytes() + (8 << 20)));
+    let pattern = |i: usize| vec![(i % 250 + 1) as u8; WRITE];
+    let mut stream = Vec::new();
+    let writes = SIZE / WRITE;
+    for i in 0..writes {
+        let req = Request {
+            flags: 0,
+            command: proto::CMD_WRITE,
+            cookie: i as u64,
+            offset: (i * WRITE) as u64,
+            len: WRITE as u32,
+        };
+        stream.extend_from_slice(&req.encode());
+        stream.extend_from_slice(&pattern(i));
+    }
+    c.s.write_all(&stream).unwrap();
+    let mut answered = vec![None; writes];
+    for _ in 0..writes {
+        let r = c.recv(0).unwrap();
+        answered[r.cookie as usize] = Some(r.error);
+    }
+    let answered: Vec<u32> = answered.into_iter().map(Option::unwrap).collect();
+    assert!(answered.iter().all(|&e| e == 0 || e == 28), "{answered:?}");
+    assert!(answered.contains(&0), "nothing fit: {answered:?}");
+    assert!(
+        answered.contains(&28),
+        "the disk never filled: {answered:?}"
+    );
+
+    sim.set_capacity(None);
+    let r = c.cmd(proto::CMD_READ, 0, 0, SIZE as u32, &[]).unwrap();
+    assert_eq!(r.error, 0);
+    for (i, &error) in answered.iter().enumerate() {
+        let got = &r.data[i * WRITE..(i + 1) * WRITE];
+        if error == 0 {
+            assert!(
+                got == pattern(i).as_slice(),
+                "write {i} answered but not there"
+            );
+        } else {
+            assert!(
+                got.iter().all(|&b| b == 0),
+                "write {i} refused but (partly) there"
+            );
+        }
+    }
+    drop(c);
+    handle.shutdown();
+    serving.join().unwrap().unwrap();
+}
