@@ -53,7 +53,7 @@ pub trait VFile: Send + Sync {
     /// cache where the backend can (`O_DIRECT`): for large appends of data that is not
     /// about to be read again, which then cost neither a copy nor fresh cache pages.
     /// The caller passes a buffer whose address, length and `offset` are multiples of
-    /// [`DIRECT_ALIGN`] ([`AlignedBuf`] gives such buffers). Same durability as a
+    /// `DIRECT_ALIGN` (`AlignedBuf` gives such buffers). Same durability as a
     /// buffered write: durable only after `sync`. The default writes through the
     /// page cache.
     fn write_direct_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {

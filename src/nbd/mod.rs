@@ -4,8 +4,9 @@
 //! `base:allocation` metadata context.
 //!
 //! # Contents
-//! - this file: the public interface — [`Exports`] / [`Export`] / [`Flusher`]
-//!   (what the engine implements), [`ExportError`] / [`Errno`], [`Extent`],
+//! - this file: the public interface — [`Exports`] / [`Export`] / [`Flusher`] /
+//!   [`Writer`] / [`PendingWrite`] (what the engine implements), [`ExportError`] /
+//!   [`Errno`], [`Extent`],
 //!   [`ZeroFlags`], [`ServerOptions`], [`Listen`], and re-exports of
 //!   [`Server`] / [`ShutdownHandle`].
 //! - [`proto`]: wire constants and pure encode/decode functions.

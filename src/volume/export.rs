@@ -244,6 +244,10 @@ impl Export for VolumeExport {
     }
 
     fn writer(&self) -> Option<Box<dyn Writer>> {
+        // (A snapshot's writes are refused before they could land.)
+        if self.volume.is_read_only() {
+            return None;
+        }
         Some(Box::new(VolumeWriter {
             volume: self.volume.clone(),
             on_failure: self.on_failure.clone(),
