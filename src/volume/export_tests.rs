@@ -4,9 +4,45 @@ use super::export::VolumeExports;
 use super::Volume;
 use crate::nbd::proto::{self, Request};
 use crate::nbd::test_client::Client;
-use crate::nbd::{Exports, Listen, Server, ServerOptions};
+use crate::nbd::{Exports, Listen, Server, ServerOptions, ShutdownHandle};
 use crate::store::Store;
 use std::io::Write;
+
+/// `store` served by the real server on a Unix socket, with a client that has done
+/// GO on volume "vol" (structured replies).
+struct Served {
+    client: Client,
+    handle: ShutdownHandle,
+    serving: std::thread::JoinHandle<std::io::Result<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Served {
+    fn start(store: &Store) -> Served {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nbd.sock");
+        let server = Server::bind(&Listen::Unix(path.clone()), ServerOptions::default()).unwrap();
+        let handle = server.shutdown_handle();
+        let exports: std::sync::Arc<dyn Exports> =
+            std::sync::Arc::new(VolumeExports::new(store.clone()));
+        let serving = std::thread::spawn(move || server.run(exports));
+        let mut client = Client::connect(&path).unwrap();
+        client.go("vol", true, false).unwrap();
+        Served {
+            client,
+            handle,
+            serving,
+            _dir: dir,
+        }
+    }
+
+    /// Disconnects, shuts the server down and waits for it to end cleanly.
+    fn stop(self) {
+        drop(self.client);
+        self.handle.shutdown();
+        self.serving.join().unwrap().unwrap();
+    }
+}
 
 /// A volume's large writes land in two steps (`Export::writer`): each one's data goes
 /// to disk while the one before it commits. A pipelined stream of them, with rewrites
@@ -21,15 +57,8 @@ fn a_volumes_large_writes_land_in_two_steps_in_order() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::create(dir.path().join("store")).unwrap();
     Volume::create(&store, "vol", SIZE as u64, 4096).unwrap();
-    let path = dir.path().join("nbd.sock");
-    let server = Server::bind(&Listen::Unix(path.clone()), ServerOptions::default()).unwrap();
-    let handle = server.shutdown_handle();
-    let exports: std::sync::Arc<dyn Exports> =
-        std::sync::Arc::new(VolumeExports::new(store.clone()));
-    let serving = std::thread::spawn(move || server.run(exports));
-
-    let mut c = Client::connect(&path).unwrap();
-    c.go("vol", true, false).unwrap();
+    let mut served = Served::start(&store);
+    let c = &mut served.client;
     let mut model = vec![0u8; SIZE];
     let mut stream = Vec::new();
     let mut want_errors = Vec::new();
@@ -92,9 +121,7 @@ fn a_volumes_large_writes_land_in_two_steps_in_order() {
         *read == model,
         "the read sees every write before it, in order"
     );
-    drop(c);
-    handle.shutdown();
-    serving.join().unwrap().unwrap();
+    served.stop();
 
     let mut stored = vec![0u8; SIZE];
     Volume::open(&store, "vol")
@@ -111,23 +138,10 @@ fn a_volumes_large_writes_land_in_two_steps_in_order() {
 fn a_disk_filling_under_two_step_landings_refuses_whole_writes() {
     const SIZE: usize = 32 << 20;
     const WRITE: usize = 1 << 20;
-    let sim = crate::io::sim::SimVfs::new();
-    let opts = crate::options::Options {
-        vfs: Some(std::sync::Arc::new(sim.clone())),
-        ..crate::options::Options::default()
-    };
-    let store = Store::create_with(std::path::Path::new("/sim"), opts).unwrap();
+    let (sim, store) = super::tests::sim_store();
     Volume::create(&store, "vol", SIZE as u64, 4096).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("nbd.sock");
-    let server = Server::bind(&Listen::Unix(path.clone()), ServerOptions::default()).unwrap();
-    let handle = server.shutdown_handle();
-    let exports: std::sync::Arc<dyn Exports> =
-        std::sync::Arc::new(VolumeExports::new(store.clone()));
-    let serving = std::thread::spawn(move || server.run(exports));
-
-    let mut c = Client::connect(&path).unwrap();
-    c.go("vol", true, false).unwrap();
+    let mut served = Served::start(&store);
+    let c = &mut served.client;
     sim.set_capacity(Some(sim.used_bytes() + (8 << 20)));
     let pattern = |i: usize| vec![(i % 250 + 1) as u8; WRITE];
     let mut stream = Vec::new();
@@ -174,7 +188,5 @@ fn a_disk_filling_under_two_step_landings_refuses_whole_writes() {
             );
         }
     }
-    drop(c);
-    handle.shutdown();
-    serving.join().unwrap().unwrap();
+    served.stop();
 }

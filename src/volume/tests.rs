@@ -4,6 +4,25 @@
 use super::*;
 use crate::store::Store;
 
+/// Where a store on the simulated file system lives.
+const SIM_DIR: &str = "/sim";
+
+/// Options that put a store on `sim`.
+fn sim_options(sim: &crate::io::sim::SimVfs) -> crate::options::Options {
+    crate::options::Options {
+        vfs: Some(std::sync::Arc::new(sim.clone())),
+        ..crate::options::Options::default()
+    }
+}
+
+/// A new store on a new simulated file system (for a test that injects faults,
+/// fills the disk or simulates a crash).
+pub(super) fn sim_store() -> (crate::io::sim::SimVfs, Store) {
+    let sim = crate::io::sim::SimVfs::new();
+    let store = Store::create_with(SIM_DIR, sim_options(&sim)).unwrap();
+    (sim, store)
+}
+
 /// xorshift64*: deterministic, no dependency.
 struct Rng(u64);
 
@@ -319,12 +338,7 @@ fn branches_of_short_keys_are_capped_in_entries() {
 /// and does not see the write, which the volume reads back whole after it.
 #[test]
 fn a_snapshot_does_not_wait_for_a_large_writes_data() {
-    let sim = crate::io::sim::SimVfs::new();
-    let opts = crate::options::Options {
-        vfs: Some(std::sync::Arc::new(sim.clone())),
-        ..crate::options::Options::default()
-    };
-    let store = Store::create_with(std::path::Path::new("/sim"), opts).unwrap();
+    let (sim, store) = sim_store();
     let vol = Volume::create(&store, "disk", 4 << 20, BS as u32).unwrap();
     // The data segment exists once a block is written.
     vol.write_at(0, &[1u8; BS as usize], Durability::Immediate)
@@ -402,12 +416,7 @@ fn drop_this_leaves_a_newcomer_of_the_same_name_alone() {
 /// dropped); a write that is not all whole blocks of data is left to `write_at`.
 #[test]
 fn blocks_written_ahead_are_seen_only_once_committed() {
-    let sim = crate::io::sim::SimVfs::new();
-    let opts = crate::options::Options {
-        vfs: Some(std::sync::Arc::new(sim.clone())),
-        ..crate::options::Options::default()
-    };
-    let store = Store::create_with(std::path::Path::new("/sim"), opts).unwrap();
+    let (sim, store) = sim_store();
     let vol = Volume::create(&store, "disk", 1 << 20, BS as u32).unwrap();
     vol.write_at(0, &[1u8; 4 * BS as usize], Durability::Deferred)
         .unwrap();
@@ -443,11 +452,7 @@ fn blocks_written_ahead_are_seen_only_once_committed() {
     drop(lost);
     drop(vol);
     drop(store);
-    let opts = crate::options::Options {
-        vfs: Some(std::sync::Arc::new(after)),
-        ..crate::options::Options::default()
-    };
-    let store = Store::open_with(std::path::Path::new("/sim"), opts).unwrap();
+    let store = Store::open_with(SIM_DIR, sim_options(&after)).unwrap();
     let vol = Volume::open(&store, "disk").unwrap();
     assert_eq!(read(&vol), want);
 
