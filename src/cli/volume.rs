@@ -9,7 +9,7 @@ use super::control::{Outcome, Request};
 use super::error::{CliError, CliResult};
 use super::output::progress_bar;
 use super::Ctx;
-use cambium::volume::{Volume, VolumeInfo};
+use cambium::volume::{FillError, Volume, VolumeInfo};
 use cambium::{Durability, Error, Store};
 use std::io::{BufRead, Read};
 use std::path::Path;
@@ -279,8 +279,13 @@ fn import(
     let (mut vol, _filling) =
         Volume::create_filling(store, name, size, shape.block_size).map_err(usage_if_invalid)?;
     let bar = progress.bar(Some(len), "importing");
-    let copied =
-        copy_stream(&mut vol, &mut (&mut input).take(len), &source, None, &bar).and_then(|n| {
+    let copied = vol
+        .fill_from(&mut (&mut input).take(len), &mut |n| bar.set_position(n))
+        .map_err(|e| match e {
+            FillError::Write(e) => CliError::from(e),
+            e => CliError::failure(format!("read {source}: {e}")),
+        })
+        .and_then(|n| {
             if n < len {
                 return Err(CliError::failure(format!(
                     "read {source}: it ended after {n} of its {len} bytes"

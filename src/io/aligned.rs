@@ -63,8 +63,18 @@ impl AlignedBuf {
         self.raw = raw;
     }
 
+    /// Sets the length to `len`, keeping the contents up to it; bytes past the old
+    /// length are unspecified (left from an earlier use, or zeroes) until written.
+    pub(crate) fn resize(&mut self, len: usize) {
+        self.grow_to(len);
+    }
+
     pub(crate) fn as_slice(&self) -> &[u8] {
         &self.raw
+    }
+
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.raw
     }
 
     #[cfg(test)]

@@ -33,8 +33,10 @@
 
 mod blocks;
 pub mod export;
+mod fill;
 mod header;
 
+pub use fill::FillError;
 pub use header::{DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE, MAX_VOLUME_SIZE, MIN_BLOCK_SIZE};
 
 use crate::catalog::VersionKind;
