@@ -462,6 +462,23 @@ impl Volume {
         }
     }
 
+    /// [`Volume::write_ahead`] of several pieces at once (in order, not
+    /// overlapping): their blocks go out as one append and one commit maps them all.
+    /// `None` if not every piece is whole blocks of data.
+    fn write_many_ahead(&self, writes: &[(u64, &[u8])]) -> Result<Option<WrittenAhead<'_>>> {
+        for &(offset, data) in writes {
+            self.check_range(offset, data.len() as u64)?;
+        }
+        let run = match writes {
+            [(_, data)] => Some(*data),
+            _ => None,
+        };
+        match self.whole_blocks(writes) {
+            Some(blocks) => self.write_blocks_ahead(blocks, run).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// Writes `blocks` to a data segment. `run` may be their bytes back to back in
     /// memory: if aligned for a direct write (an NBD landing's are), they go to disk
     /// from there.
