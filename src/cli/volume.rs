@@ -279,25 +279,31 @@ fn import(
     let (mut vol, _filling) =
         Volume::create_filling(store, name, size, shape.block_size).map_err(usage_if_invalid)?;
     let bar = progress.bar(Some(len), "importing");
-    let copied = vol
-        .fill_from(&mut (&mut input).take(len), &mut |n| bar.set_position(n))
-        .map_err(|e| match e {
-            FillError::Write(e) => CliError::from(e),
-            e => CliError::failure(format!("read {source}: {e}")),
-        })
-        .and_then(|n| {
-            if n < len {
-                return Err(CliError::failure(format!(
-                    "read {source}: it ended after {n} of its {len} bytes"
-                )));
-            }
-            Ok(vol.complete()?)
-        });
+    let copied = fill(&vol, &mut (&mut input).take(len), &source, &bar).and_then(|n| {
+        if n < len {
+            return Err(CliError::failure(format!(
+                "read {source}: it ended after {n} of its {len} bytes"
+            )));
+        }
+        Ok(vol.complete()?)
+    });
     if let Err(e) = copied {
         return Err(abandon(vol, e));
     }
     bar.finish_and_clear();
     imported(store, &vol, name, &source, len)
+}
+
+/// Fills the new volume `vol` from `input` (`source`, for messages) to the input's
+/// end ([`Volume::fill_from`]); returns the bytes read. Input past the volume's end
+/// is an error.
+fn fill(vol: &Volume, input: &mut dyn Read, source: &str, bar: &Bar<'_>) -> CliResult<u64> {
+    vol.fill_from(input, &mut |n| bar.set_position(n))
+        .map_err(|e| match e {
+            FillError::Write(e) => CliError::from(e),
+            FillError::TooLong(size) => longer_than_size(source, size),
+            FillError::Read(e) => CliError::failure(format!("read {source}: {e}")),
+        })
 }
 
 /// The length of a regular file, or of a block device (its `st_size` is 0: the length
@@ -330,8 +336,12 @@ fn import_stream(
     let (mut vol, _filling) =
         Volume::create_filling(store, name, initial, shape.block_size).map_err(usage_if_invalid)?;
     let bar = progress.bar(shape.size, "importing");
-    let limit = shape.size.map(|_| vol.size());
-    let copied = copy_stream(&mut vol, input, source, limit, &bar).and_then(|len| {
+    let copied = match shape.size {
+        // A known size: read, written and mapped at once, as a file's import.
+        Some(_) => fill(&vol, input, source, &bar),
+        None => copy_stream(&mut vol, input, source, &bar),
+    };
+    let copied = copied.and_then(|len| {
         if shape.size.is_none() {
             if len == 0 {
                 return Err(CliError::failure("the input is empty"));
@@ -365,14 +375,14 @@ fn abandon(vol: Volume, e: CliError) -> CliError {
 }
 
 /// Copies `input` (`source`, for messages) to its end into the new volume `vol`,
-/// skipping zero chunks (a new volume is all holes: a zero chunk needs no write at
-/// all); returns the bytes read. Without a `limit` the volume grows as needed; with
-/// one, input past it is an error.
+/// growing it as needed, and skipping zero chunks (a new volume is all holes: a zero
+/// chunk needs no write at all); returns the bytes read. One chunk at a time: the
+/// volume's size changes between writes, which [`Volume::fill_from`]'s writes in
+/// flight do not allow.
 fn copy_stream(
     vol: &mut Volume,
     input: &mut dyn Read,
     source: &str,
-    limit: Option<u64>,
     bar: &Bar<'_>,
 ) -> CliResult<u64> {
     let block = u64::from(vol.block_size());
@@ -385,9 +395,6 @@ fn copy_stream(
             return Ok(offset);
         }
         let end = offset + n as u64;
-        if let Some(limit) = limit.filter(|&limit| end > limit) {
-            return Err(longer_than_size(source, limit));
-        }
         if end > vol.size() {
             let grown = (vol.size().saturating_mul(2)).max(end.div_ceil(block) * block);
             vol.resize(grown).map_err(usage_if_invalid)?;

@@ -3,12 +3,13 @@
 //!
 //! One piece at a time, the three steps take turns: the disk waits while the input
 //! is read and while a transaction maps the blocks in, and the input waits while
-//! the disk writes. Here each runs on its own thread, a piece apart: a **reader**
-//! reads the next piece while this thread writes the blocks of one
+//! the disk writes. Here each runs on its own thread, a piece apart: the caller's
+//! thread reads the next piece while a **writer** writes the blocks of one
 //! ([`Volume::write_ahead`], out of sight) and a **committer** maps in the one
 //! before ([`WrittenAhead::commit`]), in order, as an NBD server's lander does for
-//! a stream of large writes. Pieces are [`FILL_PIECE_BYTES`], read into page-aligned
-//! buffers that go back to the reader once written, so that a piece's blocks go
+//! a stream of large writes. (The input stays on the caller's thread: stdin's lock
+//! may not move to another.) Pieces are [`FILL_PIECE_BYTES`], read into page-aligned
+//! buffers that go back to the reading side once written, so that a piece's blocks go
 //! to disk from where they were read (one direct write, no copy).
 
 use super::blocks::is_zero;
@@ -62,57 +63,88 @@ impl Volume {
     /// the disk's pace.
     pub fn fill_from(
         &self,
-        input: &mut (dyn Read + Send),
+        input: &mut dyn Read,
         progress: &mut dyn FnMut(u64),
     ) -> Result<u64, FillError> {
         std::thread::scope(|scope| {
             let thread =
                 |role: &str| std::thread::Builder::new().name(format!("cambium-fill-{role}"));
             let no_thread = |e: io::Error| FillError::Write(Error::Io(e));
-            let (to_fill, pieces) = mpsc::sync_channel::<io::Result<AlignedBuf>>(1);
-            let (to_reuse, reusable) = mpsc::channel::<AlignedBuf>();
-            thread("reader")
-                .spawn_scoped(scope, move || read_pieces(input, &to_fill, &reusable))
-                .map_err(no_thread)?;
             let (to_commit, steps) = mpsc::sync_channel::<Step<'_>>(1);
-            // (Without a committer the reader, waiting to hand over a piece, ends
-            // when `pieces` is dropped on the way out.)
             let committer = thread("committer")
                 .spawn_scoped(scope, move || self.commit_steps(steps))
                 .map_err(no_thread)?;
-            let written = self.write_pieces(&pieces, &to_reuse, &to_commit, progress);
-            // The committer ends once it has every step; the reader at its next
-            // piece, which has nowhere to go.
-            drop(to_commit);
-            drop(pieces);
+            let (to_write, pieces) = mpsc::sync_channel::<(u64, AlignedBuf)>(1);
+            let (to_reuse, reusable) = mpsc::channel::<AlignedBuf>();
+            // (Without a writer the committer ends when `to_commit` is dropped on
+            // the way out.)
+            let writer = thread("writer")
+                .spawn_scoped(scope, move || {
+                    self.write_pieces(&pieces, &to_reuse, &to_commit)
+                })
+                .map_err(no_thread)?;
+            let read = self.read_pieces(input, &to_write, &reusable, progress);
+            // The writer ends once it has every piece, the committer once it has
+            // every step.
+            drop(to_write);
+            let written = writer
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
             let committed = committer
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            // A write that failed because the committer had stopped: its error is
-            // the one to report.
-            committed.map_err(FillError::Write).and(written)
+            // A step that failed stopped the steps behind it, and those the pieces
+            // behind them: its error is the one to report.
+            committed.map_err(FillError::Write).and(written).and(read)
         })
+    }
+
+    /// The reading side of [`Volume::fill_from`], on the caller's thread: hands the
+    /// writer the input's pieces, each a full [`FILL_PIECE_BYTES`] but the last, in
+    /// buffers that come back through `reusable`, until the input ends, a read fails,
+    /// a piece would go past the volume's end, or the writer stops. Returns the
+    /// bytes read and handed over.
+    fn read_pieces(
+        &self,
+        input: &mut dyn Read,
+        to_write: &mpsc::SyncSender<(u64, AlignedBuf)>,
+        reusable: &mpsc::Receiver<AlignedBuf>,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<u64, FillError> {
+        let mut offset = 0u64;
+        loop {
+            let mut buf = reusable.try_recv().unwrap_or_default();
+            let n = read_full(input, &mut buf).map_err(FillError::Read)?;
+            if n == 0 {
+                return Ok(offset);
+            }
+            if offset + n as u64 > self.size() {
+                return Err(FillError::TooLong(self.size()));
+            }
+            if to_write.send((offset, buf)).is_err() {
+                // The writer stopped on an error, which `fill_from` reports.
+                return Ok(offset);
+            }
+            offset += n as u64;
+            progress(offset);
+            if n < FILL_PIECE_BYTES {
+                return Ok(offset);
+            }
+        }
     }
 
     /// The writing thread of [`Volume::fill_from`]: each piece's runs of whole
     /// blocks of data go to disk, and to the committer; its buffer back to the
-    /// reader. Returns the bytes read.
+    /// reading side.
     fn write_pieces<'v>(
         &'v self,
-        pieces: &mpsc::Receiver<io::Result<AlignedBuf>>,
+        pieces: &mpsc::Receiver<(u64, AlignedBuf)>,
         to_reuse: &mpsc::Sender<AlignedBuf>,
         to_commit: &mpsc::SyncSender<Step<'v>>,
-        progress: &mut dyn FnMut(u64),
-    ) -> Result<u64, FillError> {
+    ) -> Result<(), FillError> {
         let bs = self.header.block_size as usize;
-        let mut offset = 0u64;
-        for piece in pieces {
-            let piece = piece.map_err(FillError::Read)?;
+        for (offset, piece) in pieces {
             let bytes = piece.as_slice();
-            let end = offset + bytes.len() as u64;
-            if end > self.size() {
-                return Err(FillError::TooLong(self.size()));
-            }
             // The piece's runs of whole blocks of data as one append and one commit
             // (an image whose zero blocks are scattered has many short runs), and the
             // partial last block, if any, on its own.
@@ -138,15 +170,13 @@ impl Volume {
             for step in steps {
                 if to_commit.send(step).is_err() {
                     // The committer failed; `fill_from` reports its error.
-                    return Ok(offset);
+                    return Ok(());
                 }
             }
-            offset = end;
-            progress(offset);
             // (The reader may have stopped: then the buffer is simply freed.)
             let _ = to_reuse.send(piece);
         }
-        Ok(offset)
+        Ok(())
     }
 
     /// The committer of [`Volume::fill_from`]: maps each step in, in order, until
@@ -163,30 +193,6 @@ impl Volume {
             }
         }
         Ok(())
-    }
-}
-
-/// The reader of [`Volume::fill_from`]: sends the input's pieces, each a full
-/// [`FILL_PIECE_BYTES`] but the last (which may be empty), in buffers that come back
-/// through `reusable`; stops after the last, after an error, or once nobody takes
-/// its pieces.
-fn read_pieces(
-    input: &mut (dyn Read + Send),
-    to_fill: &mpsc::SyncSender<io::Result<AlignedBuf>>,
-    reusable: &mpsc::Receiver<AlignedBuf>,
-) {
-    loop {
-        let mut buf = reusable.try_recv().unwrap_or_default();
-        let read = read_full(input, &mut buf);
-        let last = !matches!(read, Ok(n) if n == FILL_PIECE_BYTES);
-        let sent = match read {
-            Ok(0) => break,
-            Ok(_) => to_fill.send(Ok(buf)),
-            Err(e) => to_fill.send(Err(e)),
-        };
-        if sent.is_err() || last {
-            break;
-        }
     }
 }
 
