@@ -376,18 +376,11 @@ impl Volume {
     /// `put_written_yielding`): none of these writes has returned yet, so, as
     /// with a power cut, it may hold any of them, or part of one.
     pub fn write_many(&self, writes: &[(u64, &[u8])], durability: Durability) -> Result<()> {
-        for &(offset, data) in writes {
-            self.check_range(offset, data.len() as u64)?;
-        }
-        if let Some(blocks) = self.whole_blocks(writes) {
-            // The common case (whole blocks of data): the blocks go to their segment
-            // before the transaction takes the writer lock, which then covers only the
-            // mappings (see `write_values_pinned`).
-            let run = match writes {
-                [(_, data)] => Some(*data),
-                _ => None,
-            };
-            return self.write_blocks_ahead(blocks, run)?.commit(durability);
+        // The common case (whole blocks of data): the blocks go to their segment
+        // before the transaction takes the writer lock, which then covers only the
+        // mappings (see `write_values_pinned`). Every range is checked either way.
+        if let Some(written) = self.write_many_ahead(writes)? {
+            return written.commit(durability);
         }
         let mut txn = self.begin(durability)?;
         let bs = self.header.block_size as usize;
@@ -455,16 +448,14 @@ impl Volume {
     /// with [`Volume::write_at`] then. A crash before the commit leaves the volume
     /// as it was; the blocks written are dead space.
     pub fn write_ahead(&self, offset: u64, data: &[u8]) -> Result<Option<WrittenAhead<'_>>> {
-        self.check_range(offset, data.len() as u64)?;
-        match self.whole_blocks(&[(offset, data)]) {
-            Some(blocks) => self.write_blocks_ahead(blocks, Some(data)).map(Some),
-            None => Ok(None),
-        }
+        self.write_many_ahead(&[(offset, data)])
     }
 
-    /// [`Volume::write_ahead`] of several pieces at once (in order, not
-    /// overlapping): their blocks go out as one append and one commit maps them all.
-    /// `None` if not every piece is whole blocks of data.
+    /// [`Volume::write_ahead`] of several pieces at once, in order (a later one wins
+    /// where two overlap, as in [`Volume::write_many`]): their blocks go out as one
+    /// append and one commit maps them all. Checks every range first; `None` if not
+    /// every piece is whole blocks of data. A single piece goes to disk from where
+    /// it lies, if aligned for a direct write.
     fn write_many_ahead(&self, writes: &[(u64, &[u8])]) -> Result<Option<WrittenAhead<'_>>> {
         for &(offset, data) in writes {
             self.check_range(offset, data.len() as u64)?;
