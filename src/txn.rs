@@ -25,7 +25,7 @@ use crate::btree::{self, Loader};
 use crate::catalog::{VersionId, VersionKind};
 use crate::checkpoint;
 use crate::commit::{self, log_and_apply};
-use crate::engine::{apply_op, Changes, Shared, View, WriterState};
+use crate::engine::{apply_extent_run, apply_op, Changes, Shared, View, WriterState};
 use crate::error::{Error, Result};
 use crate::format::BlockRef;
 use crate::limits::{check_key, check_value, prefix_successor, INLINE_VALUE_MAX};
@@ -247,10 +247,30 @@ impl<'s> WriteTxn<'s> {
             check_key(key)?;
         }
         self.check_usable()?;
-        for &(key, extent) in pairs {
-            self.edit(&Op::PutExtent { key, extent })?;
+        let ascending = pairs.windows(2).all(|w| w[0].0 < w[1].0);
+        if pairs.len() < 2 || !ascending || self.deferred.is_some() {
+            for &(key, extent) in pairs {
+                self.edit(&Op::PutExtent { key, extent })?;
+            }
+            return Ok(());
         }
-        Ok(())
+        // A run in order (a volume's landing): one pass down the tree per leaf.
+        // What `edit` does for each, for all at once.
+        if self.ascending {
+            let (first, last) = (pairs[0].0, pairs[pairs.len() - 1].0);
+            if first > self.last_key.as_slice() {
+                self.last_key.clear();
+                self.last_key.extend_from_slice(last);
+            } else {
+                self.ascending = false;
+                self.last_key = Vec::new();
+            }
+        }
+        self.apply_run(pairs)?;
+        for &(key, extent) in pairs {
+            self.log(&Op::PutExtent { key, extent });
+        }
+        self.spill_if_due()
     }
 
     /// `put_many`'s edits, with the large values already placed at `extents`.
@@ -409,6 +429,20 @@ impl<'s> WriteTxn<'s> {
             .expect("an open transaction holds the writer lock");
         let mut ctx = self.changes.ctx(w, self.shared.loader());
         let result = apply_op(&mut self.root, op, &mut ctx);
+        if let Err(e) = &result {
+            self.fail(e);
+        }
+        result
+    }
+
+    /// [`WriteTxn::apply`] of a `PutExtent` for each of `pairs`, keys ascending.
+    fn apply_run(&mut self, pairs: &[(&[u8], BlockRef)]) -> Result<()> {
+        let w = self
+            .guard
+            .as_deref_mut()
+            .expect("an open transaction holds the writer lock");
+        let mut ctx = self.changes.ctx(w, self.shared.loader());
+        let result = apply_extent_run(&mut self.root, pairs, &mut ctx);
         if let Err(e) = &result {
             self.fail(e);
         }

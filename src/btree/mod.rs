@@ -23,7 +23,9 @@ pub(crate) mod refcount;
 pub(crate) mod walk;
 mod write;
 
-pub(crate) use write::{delete, end_backrefs, insert, node_children, OldValue, WriteCtx};
+pub(crate) use write::{
+    delete, end_backrefs, insert, insert_run, node_children, OldValue, WriteCtx,
+};
 
 use crate::btree::cache::{Admission, PageCache};
 use crate::error::{Error, Result};

@@ -372,11 +372,52 @@ pub(crate) fn insert(
     value: ValueRef<'_>,
     ctx: &mut WriteCtx<'_>,
 ) -> Result<Option<OldValue>> {
+    let mut old = None;
+    insert_from(root, &[(key, value)], ctx, &mut |_, replaced| {
+        old = Some(replaced)
+    })?;
+    Ok(old)
+}
+
+/// Inserts or replaces every entry of `run`, whose keys strictly ascend: the same as
+/// an [`insert`] of each in turn. `replaced` hears of each value replaced, with the
+/// index of the entry that replaced it. The entries that follow one into its leaf
+/// go there without a descent from the root: a volume's landing maps hundreds of
+/// consecutive blocks, most of them into the leaf the block before went to.
+pub(crate) fn insert_run(
+    root: &mut Option<Child>,
+    run: &[(&[u8], ValueRef<'_>)],
+    ctx: &mut WriteCtx<'_>,
+    replaced: &mut dyn FnMut(usize, OldValue),
+) -> Result<()> {
+    debug_assert!(
+        run.windows(2).all(|w| w[0].0 < w[1].0),
+        "keys not ascending"
+    );
+    let mut done = 0;
+    while done < run.len() {
+        let from = done;
+        done += insert_from(root, &run[from..], ctx, &mut |i, old| {
+            replaced(from + i, old)
+        })?;
+    }
+    Ok(())
+}
+
+/// Inserts `run[0]`, then the entries after it that belong in the same leaf and fit
+/// there without a split; returns how many it placed (at least one).
+fn insert_from(
+    root: &mut Option<Child>,
+    run: &[(&[u8], ValueRef<'_>)],
+    ctx: &mut WriteCtx<'_>,
+    replaced: &mut dyn FnMut(usize, OldValue),
+) -> Result<usize> {
+    let (key, value) = run[0];
     let incoming = entry_size(key.len(), value);
     let Some(slot) = root else {
         let leaf = Node::new_leaf(LeafBuf::from_entries([(key, value)]), ctx.epoch);
         *root = Some(ctx.new_dirty(leaf));
-        return Ok(None);
+        return Ok(1);
     };
     let node = shadow(slot, ctx)?;
     if needs_split(node, key.len(), incoming) {
@@ -403,38 +444,67 @@ pub(crate) fn insert(
         *slot = ctx.new_dirty(new_root);
     }
     let node = shadow(slot, ctx)?;
-    insert_below(node, key, value, incoming, true, ctx)
+    insert_below(node, run, None, true, ctx, replaced)
 }
 
-/// Inserts into a writable node that has room for what this insert may add to it.
-/// `rightmost`: the node is on the tree's right edge (see [`SplitAt::Last`]).
+/// Inserts `run[0]` into a writable node that has room for what this insert may add
+/// to it, then, in the leaf it reaches, the entries after it with keys under `upper`
+/// (the first key of whatever follows the node, if anything does) that fit; returns
+/// how many it placed. `rightmost`: the node is on the tree's right edge (see
+/// [`SplitAt::Last`]).
 fn insert_below(
     node: &mut Node,
-    key: &[u8],
-    value: ValueRef<'_>,
-    incoming: usize,
+    run: &[(&[u8], ValueRef<'_>)],
+    upper: Option<&[u8]>,
     rightmost: bool,
     ctx: &mut WriteCtx<'_>,
-) -> Result<Option<OldValue>> {
+    replaced: &mut dyn FnMut(usize, OldValue),
+) -> Result<usize> {
     let Node {
         body, size, level, ..
     } = node;
     match body {
-        Body::Leaf(leaf) => match leaf.search(key) {
-            Ok(i) => {
-                let old = leaf.value(i);
-                *size = *size + incoming - entry_size(key.len(), old);
-                let old = OldValue::of(old);
-                leaf.set_value(i, value);
-                Ok(Some(old))
+        Body::Leaf(leaf) => {
+            // Where the next key is, if it is the one after the last (a run over
+            // consecutive keys that are all here): one comparison, not a search.
+            let mut next = None;
+            for (n, &(key, value)) in run.iter().enumerate() {
+                if n > 0 && upper.is_some_and(|upper| key >= upper) {
+                    return Ok(n);
+                }
+                let incoming = entry_size(key.len(), value);
+                let found = match next {
+                    Some(i) if i < leaf.len() && leaf.key(i) == key => Ok(i),
+                    _ => leaf.search(key),
+                };
+                match found {
+                    Ok(i) => {
+                        let old = leaf.value(i);
+                        let grown = *size + incoming - entry_size(key.len(), old);
+                        // The first entry had room made for it on the way down.
+                        if n > 0 && grown > *size && grown > NODE_MAX {
+                            return Ok(n);
+                        }
+                        *size = grown;
+                        replaced(n, OldValue::of(old));
+                        leaf.set_value(i, value);
+                        next = Some(i + 1);
+                    }
+                    Err(i) => {
+                        if n > 0 && *size + incoming > NODE_MAX {
+                            return Ok(n);
+                        }
+                        leaf.insert(i, key, value);
+                        *size += incoming;
+                        next = Some(i + 1);
+                    }
+                }
             }
-            Err(i) => {
-                leaf.insert(i, key, value);
-                *size += incoming;
-                Ok(None)
-            }
-        },
+            Ok(run.len())
+        }
         Body::Branch(entries) => {
+            let (key, value) = run[0];
+            let incoming = entry_size(key.len(), value);
             let mut idx = child_index(entries, &Probe::new(key));
             if idx == 0 && key < &*entries[0].key {
                 // Min-key rule: the leftmost separator follows a new minimum down.
@@ -462,8 +532,10 @@ fn insert_below(
                 }
             }
             let child_rightmost = rightmost && idx + 1 == entries.len();
-            let child = shadow(&mut entries[idx].child, ctx)?;
-            insert_below(child, key, value, incoming, child_rightmost, ctx)
+            let (through, after) = entries.split_at_mut(idx + 1);
+            let child_upper = after.first().map(|e| &*e.key).or(upper);
+            let child = shadow(&mut through[idx].child, ctx)?;
+            insert_below(child, run, child_upper, child_rightmost, ctx, replaced)
         }
         Body::Packed(_) => unreachable!("shadow unpacks a node before a writer edits it"),
     }

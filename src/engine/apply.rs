@@ -150,6 +150,35 @@ pub(crate) fn apply_op(
     Ok(old.is_some())
 }
 
+/// [`apply_op`] of a `PutExtent` for each of `pairs`, whose keys strictly ascend, in
+/// one pass down the tree for all the keys that share a leaf ([`btree::insert_run`]).
+pub(crate) fn apply_extent_run(
+    root: &mut Option<Child>,
+    pairs: &[(&[u8], BlockRef)],
+    ctx: &mut WriteCtx<'_>,
+) -> Result<()> {
+    let run: Vec<(&[u8], ValueRef<'_>)> = pairs
+        .iter()
+        .map(|&(key, extent)| (key, ValueRef::Extent(extent)))
+        .collect();
+    for &(_, extent) in pairs {
+        ctx.delta.alloc(extent);
+    }
+    // The values replaced are released once the run is in: the tree is borrowed
+    // while it goes in, and each release stands alone (a count or a free), so the
+    // order does not matter.
+    let mut old_extents = Vec::new();
+    let placed = btree::insert_run(root, &run, ctx, &mut |_, old| {
+        if let OldValue::Extent(r) = old {
+            old_extents.push(r);
+        }
+    });
+    for r in old_extents {
+        ctx.release_value(ValueRef::Extent(r));
+    }
+    placed
+}
+
 /// Replays one logged record into the writer state (recovery). `lsn` is the record's.
 pub(crate) fn apply_record(
     w: &mut WriterState,

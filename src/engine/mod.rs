@@ -20,7 +20,9 @@ mod apply;
 mod lend;
 mod view;
 
-pub(crate) use apply::{apply_op, apply_record, create_version, drop_step, drop_version, Changes};
+pub(crate) use apply::{
+    apply_extent_run, apply_op, apply_record, create_version, drop_step, drop_version, Changes,
+};
 pub(crate) use lend::{Lender, LendingGuard};
 pub(crate) use view::{View, ViewRegistry};
 
