@@ -242,20 +242,37 @@ impl<'s> WriteTxn<'s> {
 
     /// Inserts or replaces each key with the value already written at its extent
     /// (`Segments::write_values_pinned`, before this transaction began), in order.
+    #[cfg(test)]
     pub(crate) fn put_written(&mut self, pairs: &[(&[u8], BlockRef)]) -> Result<()> {
+        self.put_written_until(pairs, &|| false).map(drop)
+    }
+
+    /// [`WriteTxn::put_written`] of `pairs` until `stop` says otherwise between two
+    /// of them (a version operation waits for the writer lock): returns how many
+    /// went in, the first of them at least.
+    pub(crate) fn put_written_until(
+        &mut self,
+        pairs: &[(&[u8], BlockRef)],
+        stop: &dyn Fn() -> bool,
+    ) -> Result<usize> {
         for &(key, _) in pairs {
             check_key(key)?;
         }
         self.check_usable()?;
         let ascending = pairs.windows(2).all(|w| w[0].0 < w[1].0);
         if pairs.len() < 2 || !ascending || self.deferred.is_some() {
-            for &(key, extent) in pairs {
+            for (i, &(key, extent)) in pairs.iter().enumerate() {
+                if i > 0 && stop() {
+                    return Ok(i);
+                }
                 self.edit(&Op::PutExtent { key, extent })?;
             }
-            return Ok(());
+            return Ok(pairs.len());
         }
-        // A run in order (a volume's landing): one pass down the tree per leaf.
-        // What `edit` does for each, for all at once.
+        // A run in order (a volume's landing): one pass down the tree per leaf, and
+        // what `edit` does besides for each, for all at once.
+        let placed = self.apply_run(pairs, stop)?;
+        let pairs = &pairs[..placed];
         if self.ascending {
             let (first, last) = (pairs[0].0, pairs[pairs.len() - 1].0);
             if first > self.last_key.as_slice() {
@@ -266,11 +283,11 @@ impl<'s> WriteTxn<'s> {
                 self.last_key = Vec::new();
             }
         }
-        self.apply_run(pairs)?;
         for &(key, extent) in pairs {
             self.log(&Op::PutExtent { key, extent });
         }
-        self.spill_if_due()
+        self.spill_if_due()?;
+        Ok(placed)
     }
 
     /// `put_many`'s edits, with the large values already placed at `extents`.
@@ -435,14 +452,15 @@ impl<'s> WriteTxn<'s> {
         result
     }
 
-    /// [`WriteTxn::apply`] of a `PutExtent` for each of `pairs`, keys ascending.
-    fn apply_run(&mut self, pairs: &[(&[u8], BlockRef)]) -> Result<()> {
+    /// [`WriteTxn::apply`] of a `PutExtent` for each of `pairs`, keys ascending, until
+    /// `stop`; returns how many.
+    fn apply_run(&mut self, pairs: &[(&[u8], BlockRef)], stop: &dyn Fn() -> bool) -> Result<usize> {
         let w = self
             .guard
             .as_deref_mut()
             .expect("an open transaction holds the writer lock");
         let mut ctx = self.changes.ctx(w, self.shared.loader());
-        let result = apply_extent_run(&mut self.root, pairs, &mut ctx);
+        let result = apply_extent_run(&mut self.root, pairs, &mut ctx, stop);
         if let Err(e) = &result {
             self.fail(e);
         }

@@ -373,9 +373,14 @@ pub(crate) fn insert(
     ctx: &mut WriteCtx<'_>,
 ) -> Result<Option<OldValue>> {
     let mut old = None;
-    insert_from(root, &[(key, value)], ctx, &mut |_, replaced| {
-        old = Some(replaced)
-    })?;
+    let never = || false;
+    insert_from(
+        root,
+        &[(key, value)],
+        ctx,
+        &mut |_, replaced| old = Some(replaced),
+        &never,
+    )?;
     Ok(old)
 }
 
@@ -384,33 +389,39 @@ pub(crate) fn insert(
 /// index of the entry that replaced it. The entries that follow one into its leaf
 /// go there without a descent from the root: a volume's landing maps hundreds of
 /// consecutive blocks, most of them into the leaf the block before went to.
+/// Between two entries, `stop` may end the run early (someone waits for the writer
+/// lock); returns how many entries went in (all, or at least one).
 pub(crate) fn insert_run(
     root: &mut Option<Child>,
     run: &[(&[u8], ValueRef<'_>)],
     ctx: &mut WriteCtx<'_>,
     replaced: &mut dyn FnMut(usize, OldValue),
-) -> Result<()> {
+    stop: &dyn Fn() -> bool,
+) -> Result<usize> {
     debug_assert!(
         run.windows(2).all(|w| w[0].0 < w[1].0),
         "keys not ascending"
     );
     let mut done = 0;
     while done < run.len() {
+        if done > 0 && stop() {
+            break;
+        }
         let from = done;
-        done += insert_from(root, &run[from..], ctx, &mut |i, old| {
-            replaced(from + i, old)
-        })?;
+        let mut replaced_here = |i: usize, old| replaced(from + i, old);
+        done += insert_from(root, &run[from..], ctx, &mut replaced_here, stop)?;
     }
-    Ok(())
+    Ok(done)
 }
 
 /// Inserts `run[0]`, then the entries after it that belong in the same leaf and fit
-/// there without a split; returns how many it placed (at least one).
+/// there without a split, until `stop`; returns how many it placed (at least one).
 fn insert_from(
     root: &mut Option<Child>,
     run: &[(&[u8], ValueRef<'_>)],
     ctx: &mut WriteCtx<'_>,
     replaced: &mut dyn FnMut(usize, OldValue),
+    stop: &dyn Fn() -> bool,
 ) -> Result<usize> {
     let (key, value) = run[0];
     let incoming = entry_size(key.len(), value);
@@ -444,14 +455,14 @@ fn insert_from(
         *slot = ctx.new_dirty(new_root);
     }
     let node = shadow(slot, ctx)?;
-    insert_below(node, run, None, true, ctx, replaced)
+    insert_below(node, run, None, true, ctx, replaced, stop)
 }
 
 /// Inserts `run[0]` into a writable node that has room for what this insert may add
 /// to it, then, in the leaf it reaches, the entries after it with keys under `upper`
-/// (the first key of whatever follows the node, if anything does) that fit; returns
-/// how many it placed. `rightmost`: the node is on the tree's right edge (see
-/// [`SplitAt::Last`]).
+/// (the first key of whatever follows the node, if anything does) that fit, until
+/// `stop`; returns how many it placed. `rightmost`: the node is on the tree's right
+/// edge (see [`SplitAt::Last`]).
 fn insert_below(
     node: &mut Node,
     run: &[(&[u8], ValueRef<'_>)],
@@ -459,6 +470,7 @@ fn insert_below(
     rightmost: bool,
     ctx: &mut WriteCtx<'_>,
     replaced: &mut dyn FnMut(usize, OldValue),
+    stop: &dyn Fn() -> bool,
 ) -> Result<usize> {
     let Node {
         body, size, level, ..
@@ -469,7 +481,7 @@ fn insert_below(
             // consecutive keys that are all here): one comparison, not a search.
             let mut next = None;
             for (n, &(key, value)) in run.iter().enumerate() {
-                if n > 0 && upper.is_some_and(|upper| key >= upper) {
+                if n > 0 && (upper.is_some_and(|upper| key >= upper) || stop()) {
                     return Ok(n);
                 }
                 let incoming = entry_size(key.len(), value);
@@ -535,7 +547,15 @@ fn insert_below(
             let (through, after) = entries.split_at_mut(idx + 1);
             let child_upper = after.first().map(|e| &*e.key).or(upper);
             let child = shadow(&mut through[idx].child, ctx)?;
-            insert_below(child, run, child_upper, child_rightmost, ctx, replaced)
+            insert_below(
+                child,
+                run,
+                child_upper,
+                child_rightmost,
+                ctx,
+                replaced,
+                stop,
+            )
         }
         Body::Packed(_) => unreachable!("shadow unpacks a node before a writer edits it"),
     }

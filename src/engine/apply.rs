@@ -151,32 +151,42 @@ pub(crate) fn apply_op(
 }
 
 /// [`apply_op`] of a `PutExtent` for each of `pairs`, whose keys strictly ascend, in
-/// one pass down the tree for all the keys that share a leaf ([`btree::insert_run`]).
+/// one pass down the tree for all the keys that share a leaf ([`btree::insert_run`]),
+/// until `stop`: returns how many of `pairs` it applied (all, or at least one).
 pub(crate) fn apply_extent_run(
     root: &mut Option<Child>,
     pairs: &[(&[u8], BlockRef)],
     ctx: &mut WriteCtx<'_>,
-) -> Result<()> {
+    stop: &dyn Fn() -> bool,
+) -> Result<usize> {
     let run: Vec<(&[u8], ValueRef<'_>)> = pairs
         .iter()
         .map(|&(key, extent)| (key, ValueRef::Extent(extent)))
         .collect();
-    for &(_, extent) in pairs {
-        ctx.delta.alloc(extent);
-    }
     // The values replaced are released once the run is in: the tree is borrowed
     // while it goes in, and each release stands alone (a count or a free), so the
     // order does not matter.
     let mut old_extents = Vec::new();
-    let placed = btree::insert_run(root, &run, ctx, &mut |_, old| {
-        if let OldValue::Extent(r) = old {
-            old_extents.push(r);
-        }
-    });
+    let placed = btree::insert_run(
+        root,
+        &run,
+        ctx,
+        &mut |_, old| {
+            if let OldValue::Extent(r) = old {
+                old_extents.push(r);
+            }
+        },
+        stop,
+    );
+    // (On an error the transaction fails whole: nothing is left to account.)
+    let placed = placed?;
+    for &(_, extent) in &pairs[..placed] {
+        ctx.delta.alloc(extent);
+    }
     for r in old_extents {
         ctx.release_value(ValueRef::Extent(r));
     }
-    placed
+    Ok(placed)
 }
 
 /// Replays one logged record into the writer state (recovery). `lsn` is the record's.

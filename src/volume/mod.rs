@@ -58,12 +58,6 @@ const ALLOCATION_KEYS_MAX: u32 = 1 << 16;
 /// How many keys a range delete (trim, write-zeroes, shrink) removes per step.
 const DELETE_STEP_KEYS: usize = 4096;
 
-/// Blocks a mapping commit puts in between two looks at whether a version operation
-/// waits for the writer lock (`Volume::put_written_yielding`). Consecutive blocks
-/// share a leaf (~300 to a leaf), so 32 of them mostly copy at most one leaf: a
-/// leaf shared with a snapshot just taken costs up to milliseconds to copy.
-const YIELD_PAIRS: usize = 32;
-
 /// Checks a volume geometry: `block_size` a power of two from 512 B to 1 MiB, and
 /// `size_bytes` a positive multiple of it, at most [`MAX_VOLUME_SIZE`].
 pub fn check_geometry(size_bytes: u64, block_size: u32) -> Result<()> {
@@ -421,8 +415,7 @@ impl Volume {
         txn.commit()
     }
 
-    /// Maps `pairs` in one transaction, `YIELD_PAIRS` at a time (one pass down the tree
-    /// for those in one leaf), or in several when a version operation asks
+    /// Maps `pairs` in one transaction, or in several when a version operation asks
     /// for the writer lock meanwhile: a batch of 32 writes just after a snapshot
     /// copies leaves and adds a parent to each of their hundreds of extents, and
     /// takes up to several milliseconds, while a snapshot of a busy volume is
@@ -435,17 +428,18 @@ impl Volume {
         durability: Durability,
     ) -> Result<()> {
         let mut txn = self.begin(durability)?;
-        let mut chunks = pairs.chunks(YIELD_PAIRS).peekable();
-        while let Some(chunk) = chunks.next() {
-            txn.put_written(chunk)?;
-            if chunks.peek().is_some() && self.store.version_op_waiting() {
-                txn.set_durability(Durability::Deferred);
-                txn.commit()?;
-                self.store.let_version_ops_in();
-                txn = self.begin(durability)?;
+        let waiting = || self.store.version_op_waiting();
+        let mut done = 0;
+        loop {
+            done += txn.put_written_until(&pairs[done..], &waiting)?;
+            if done == pairs.len() {
+                return txn.commit();
             }
+            txn.set_durability(Durability::Deferred);
+            txn.commit()?;
+            self.store.let_version_ops_in();
+            txn = self.begin(durability)?;
         }
-        txn.commit()
     }
 
     /// The first half of [`Volume::write_at`], for a caller that overlaps one write's

@@ -563,8 +563,8 @@ fn long_runs_map_as_blocks_one_at_a_time_would() {
     let store = Store::open(&path).unwrap();
     check_all(&Volume::open(&store, "disk").unwrap(), &model);
 
-    // One run of thousands of blocks in a single `put_written` (a commit puts them in
-    // `YIELD_PAIRS` at a time): the leaves it fills split as it goes.
+    // One run of thousands of blocks into an empty volume: the leaves it fills split
+    // as it goes.
     let wide = Volume::create(&store, "wide", BLOCKS * BS, BS as u32).unwrap();
     let data: Vec<u8> = (0..BLOCKS).flat_map(|b| stamped(b, 7)).collect();
     let ahead = wide.write_ahead(0, &data).unwrap().expect("whole blocks");
