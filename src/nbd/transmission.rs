@@ -31,7 +31,11 @@
 //! of commit; +14% for a QD8 stream of 1 MiB writes). Commits go in the order the
 //! writes came, so a later write still wins where two overlap; a write that cannot
 //! be split (not all whole blocks of data) is written in one step by the
-//! committer, in its turn.
+//! committer, in its turn. A landing with nothing queued behind it, written while
+//! the committer has nothing in hand, the lander commits itself: it would only wait
+//! for the next, and the committer, woken, waits 0.1–0.2 ms for a CPU on a busy
+//! 2-vCPU VM before it starts (a quarter of a QD8 stream's 2.4 MB landings, answered
+//! in ~160 µs instead of ~320–380 µs).
 //!
 //! A large write that continues the one before it (a sequential stream's next
 //! chunk), whose header is already in the reader's buffer, joins its landing: its
@@ -76,6 +80,7 @@
 
 use std::collections::VecDeque;
 use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
@@ -410,6 +415,22 @@ fn land_in_one_step(shared: &LanderShared, answer: &Answer<'_>) {
 /// export stays in the slot: the count of landings not yet answered keeps the
 /// connection's thread from taking it meanwhile.
 fn land_in_two_steps(shared: &LanderShared, answer: &Answer<'_>, writer: &dyn Writer) {
+    // Commits a written landing and answers it.
+    let commit = |Written {
+                      reqs,
+                      payload,
+                      ahead,
+                  }: Written<'_>| {
+        let fua = fua(&reqs);
+        let applied = match ahead {
+            Ok(Some(pending)) => pending.commit(fua),
+            Ok(None) => writer.write(reqs[0].offset, payload.bytes(), fua),
+            Err(e) => Err(e),
+        };
+        answer.landed(&reqs, payload, applied);
+    };
+    // Landings handed to the committer that it has not answered yet.
+    let handed = AtomicUsize::new(0);
     std::thread::scope(|scope| {
         // Room for one written landing: the lander hands it over and starts on the
         // next without waiting for the committer to wake up and take it (a
@@ -419,20 +440,10 @@ fn land_in_two_steps(shared: &LanderShared, answer: &Answer<'_>, writer: &dyn Wr
         let (to_commit, written) = mpsc::sync_channel::<Written<'_>>(1);
         let committer = std::thread::Builder::new()
             .name(helper_name("committer"))
-            .spawn_scoped(scope, move || {
-                for Written {
-                    reqs,
-                    payload,
-                    ahead,
-                } in written
-                {
-                    let fua = fua(&reqs);
-                    let applied = match ahead {
-                        Ok(Some(pending)) => pending.commit(fua),
-                        Ok(None) => writer.write(reqs[0].offset, payload.bytes(), fua),
-                        Err(e) => Err(e),
-                    };
-                    answer.landed(&reqs, payload, applied);
+            .spawn_scoped(scope, || {
+                for landing in written {
+                    commit(landing);
+                    handed.fetch_sub(1, Ordering::Release);
                 }
             });
         let Ok(committer) = committer else {
@@ -451,6 +462,17 @@ fn land_in_two_steps(shared: &LanderShared, answer: &Answer<'_>, writer: &dyn Wr
                 payload,
                 ahead,
             };
+            // With no landing queued behind this one, the lander would only wait for
+            // the next: it commits this one itself, in order if the committer has
+            // answered every landing handed to it (their commits are then visible:
+            // `Acquire`), rather than wake the committer, which on a busy 2-vCPU VM
+            // waits 0.1–0.2 ms for a CPU before it starts, while the client waits
+            // for the answer to send more.
+            if handed.load(Ordering::Acquire) == 0 && shared.lock().queue.is_empty() {
+                commit(written);
+                continue;
+            }
+            handed.fetch_add(1, Ordering::Relaxed);
             if to_commit.send(written).is_err() {
                 break; // the committer panicked
             }

@@ -131,6 +131,77 @@ fn a_volumes_large_writes_land_in_two_steps_in_order() {
     assert!(stored == model, "the store holds what was answered");
 }
 
+/// Overlapping large writes sent in bursts (landings queue behind each other and go
+/// through the committer) and one at a time with pauses (the lander, finding nothing
+/// queued, commits them itself): whichever thread commits each, they apply in the
+/// order sent, every one is answered, and a flush at the end covers them all.
+#[test]
+fn large_writes_in_bursts_and_trickles_apply_in_order() {
+    const SIZE: usize = 16 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::create(dir.path().join("store")).unwrap();
+    Volume::create(&store, "vol", SIZE as u64, 4096).unwrap();
+    let mut served = Served::start(&store);
+    let c = &mut served.client;
+    let mut model = vec![0u8; SIZE];
+    let mut rng = 0x2545_F491_4F6C_DD1D_u64;
+    let mut next = |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let mut cookie = 0u64;
+    for round in 0..12u64 {
+        let burst = round % 2 == 0;
+        let writes = 4 + next(8);
+        let mut stream = Vec::new();
+        for _ in 0..writes {
+            // 256 KiB to 2 MiB, block-aligned: a burst's within its first 1 MiB, so
+            // each overlaps the ones before it (any two applied out of order show).
+            let len = (64 + next(449) as usize) * 4096;
+            let offset = match burst {
+                true => next(256) as usize * 4096,
+                false => next(((SIZE - len) / 4096) as u64 + 1) as usize * 4096,
+            };
+            let fill = (cookie % 250 + 1) as u8;
+            let req = Request {
+                flags: 0,
+                command: proto::CMD_WRITE,
+                cookie,
+                offset: offset as u64,
+                len: len as u32,
+            };
+            cookie += 1;
+            model[offset..offset + len].fill(fill);
+            if burst {
+                stream.extend_from_slice(&req.encode());
+                stream.extend_from_slice(&vec![fill; len]);
+            } else {
+                c.s.write_all(&req.encode()).unwrap();
+                c.s.write_all(&vec![fill; len]).unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(next(3)));
+            }
+        }
+        c.s.write_all(&stream).unwrap();
+        for _ in 0..writes {
+            let r = c.recv(0).unwrap();
+            assert_eq!(r.error, 0, "write {} refused", r.cookie);
+        }
+    }
+    let r = c.cmd(proto::CMD_FLUSH, 0, 0, 0, &[]).unwrap();
+    assert_eq!(r.error, 0);
+    let r = c.cmd(proto::CMD_READ, 0, 0, SIZE as u32, &[]).unwrap();
+    assert!(r.data == model, "the writes applied out of order");
+    served.stop();
+    let mut stored = vec![0u8; SIZE];
+    Volume::open(&store, "vol")
+        .unwrap()
+        .read_at(0, &mut stored)
+        .unwrap();
+    assert!(stored == model, "the store holds what was answered");
+}
+
 /// The disk fills while a stream of large writes lands in two steps: every write is
 /// answered, with success or ENOSPC, nothing hangs, and afterwards each write
 /// answered with success is there and each one refused left its range as it was.
