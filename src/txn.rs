@@ -21,7 +21,7 @@
 
 use crate::btree::cursor::{Cursor, Seek};
 use crate::btree::node::{Child, ValueRef};
-use crate::btree::{self, Loader};
+use crate::btree::{self, Loader, WriteCtx};
 use crate::catalog::{VersionId, VersionKind};
 use crate::checkpoint;
 use crate::commit::{self, log_and_apply};
@@ -440,27 +440,27 @@ impl<'s> WriteTxn<'s> {
     /// Applies `op` to the working root. Returns whether a value was replaced or
     /// removed. A failure fails the whole transaction.
     fn apply(&mut self, op: &Op<'_>) -> Result<bool> {
-        let w = self
-            .guard
-            .as_deref_mut()
-            .expect("an open transaction holds the writer lock");
-        let mut ctx = self.changes.ctx(w, self.shared.loader());
-        let result = apply_op(&mut self.root, op, &mut ctx);
-        if let Err(e) = &result {
-            self.fail(e);
-        }
-        result
+        self.edit_root(|root, ctx| apply_op(root, op, ctx))
     }
 
     /// [`WriteTxn::apply`] of a `PutExtent` for each of `pairs`, keys ascending, until
     /// `stop`; returns how many.
     fn apply_run(&mut self, pairs: &[(&[u8], BlockRef)], stop: &dyn Fn() -> bool) -> Result<usize> {
+        self.edit_root(|root, ctx| apply_extent_run(root, pairs, ctx, stop))
+    }
+
+    /// Runs `f` on the working root with a write context over the writer state; a
+    /// failure fails the whole transaction.
+    fn edit_root<T>(
+        &mut self,
+        f: impl FnOnce(&mut Option<Child>, &mut WriteCtx<'_>) -> Result<T>,
+    ) -> Result<T> {
         let w = self
             .guard
             .as_deref_mut()
             .expect("an open transaction holds the writer lock");
         let mut ctx = self.changes.ctx(w, self.shared.loader());
-        let result = apply_extent_run(&mut self.root, pairs, &mut ctx, stop);
+        let result = f(&mut self.root, &mut ctx);
         if let Err(e) = &result {
             self.fail(e);
         }

@@ -44,6 +44,14 @@ impl Served {
     }
 }
 
+/// A new store in a temporary directory, with a volume "vol" of `size` bytes.
+fn store_with_volume(size: u64) -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::create(dir.path().join("store")).unwrap();
+    Volume::create(&store, "vol", size, 4096).unwrap();
+    (dir, store)
+}
+
 /// A volume's large writes land in two steps (`Export::writer`): each one's data goes
 /// to disk while the one before it commits. A pipelined stream of them, with rewrites
 /// of earlier ones, one holding a block of zeroes (landed in one step), one with FUA
@@ -54,9 +62,7 @@ fn a_volumes_large_writes_land_in_two_steps_in_order() {
     const SIZE: usize = 4 << 20;
     const BIG: usize = 256 << 10;
 
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::create(dir.path().join("store")).unwrap();
-    Volume::create(&store, "vol", SIZE as u64, 4096).unwrap();
+    let (_dir, store) = store_with_volume(SIZE as u64);
     let mut served = Served::start(&store);
     let c = &mut served.client;
     let mut model = vec![0u8; SIZE];
@@ -138,9 +144,7 @@ fn a_volumes_large_writes_land_in_two_steps_in_order() {
 #[test]
 fn large_writes_in_bursts_and_trickles_apply_in_order() {
     const SIZE: usize = 16 << 20;
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::create(dir.path().join("store")).unwrap();
-    Volume::create(&store, "vol", SIZE as u64, 4096).unwrap();
+    let (_dir, store) = store_with_volume(SIZE as u64);
     let mut served = Served::start(&store);
     let c = &mut served.client;
     let mut model = vec![0u8; SIZE];
