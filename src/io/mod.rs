@@ -18,6 +18,7 @@ mod overlap;
 mod pages;
 mod reserve;
 pub mod sim;
+mod slice;
 mod std_vfs;
 mod unix_socket;
 
@@ -31,6 +32,7 @@ pub(crate) use aligned::{AlignedBuf, DIRECT_ALIGN};
 pub use lock_file::LOCK_FILE;
 pub(crate) use overlap::{Pending as PendingSync, SyncHelper};
 pub(crate) use pages::Pages;
+pub use slice::request_short_slice;
 pub use std_vfs::{raise_open_file_limit, StdVfs};
 pub use unix_socket::{bind_unix, connect_unix};
 
