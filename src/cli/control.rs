@@ -202,6 +202,21 @@ impl Request {
         matches!(self, Request::VolumeList | Request::VolumeExport { .. })
     }
 
+    /// Whether it is brief work whose latency someone watches: a snapshot or clone
+    /// of a version that may be busy, which waits for the writer lock behind its
+    /// writes and should run the moment it is handed the lock (`serve` gives its
+    /// thread a short scheduler slice; long requests keep the default, which
+    /// preempts them less often).
+    pub fn wants_short_slice(&self) -> bool {
+        matches!(
+            self,
+            Request::VolumeSnapshot { .. }
+                | Request::VolumeClone { .. }
+                | Request::Snapshot { .. }
+                | Request::Branch { .. }
+        )
+    }
+
     /// Whether input follows the request (the command's stdin).
     pub fn takes_input(&self) -> bool {
         matches!(

@@ -475,10 +475,6 @@ fn accept_loop(
         let received = Arc::new(AtomicBool::new(false));
         let flag = received.clone();
         let thread = std::thread::spawn(move || {
-            // A snapshot or clone asked for here waits for the writer lock behind a
-            // busy volume's writes; once handed the lock it must also get a CPU, which
-            // on a loaded machine took up to 4 ms with the default slice.
-            cambium::io::request_short_slice();
             answer(&conn, &store, &flag);
             // Closed for the client now, not when the accept loop lets go of its
             // handle (a copy of this socket).
@@ -506,6 +502,12 @@ fn answer(conn: &UnixStream, store: &Store, received: &AtomicBool) {
     };
     received.store(true, Ordering::SeqCst);
     let request = &envelope.request;
+    if request.wants_short_slice() {
+        // A snapshot or clone waits for the writer lock behind a busy volume's
+        // writes; handed the lock, it must also get a CPU, which on a loaded
+        // machine took up to 4 ms with the default slice.
+        cambium::io::request_short_slice();
+    }
     if request.takes_input() {
         // The input comes as fast as the command's producer writes it.
         let _ = conn.set_read_timeout(None);
