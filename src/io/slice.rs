@@ -15,8 +15,9 @@
 //! waited for was handed to it: the whole of the 1 ms budget, four times.
 
 /// Asks the scheduler to give the calling thread the shortest slice it allows, so it
-/// runs soon after it wakes. Best effort: false on kernels without custom slices
-/// (they ignore the request or refuse it) and on other systems.
+/// runs soon after it wakes. Best effort: true only if the thread's slice reads back
+/// as asked; false on kernels without custom slices (before 6.12 a fair thread's
+/// `sched_runtime` is accepted and ignored), where refused, and on other systems.
 pub fn request_short_slice() -> bool {
     #[cfg(target_os = "linux")]
     {
@@ -72,7 +73,24 @@ mod linux {
                 sched_deadline: 0,
                 sched_period: 0,
             };
-            libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0) == 0
+            if libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0) != 0 {
+                return false;
+            }
+            // Read back: a kernel with custom slices reports the thread's slice in
+            // `sched_runtime`; one without reports 0.
+            let mut back = SchedAttr {
+                sched_runtime: 0,
+                ..attr
+            };
+            let size = std::mem::size_of::<SchedAttr>() as libc::c_uint;
+            libc::syscall(
+                libc::SYS_sched_getattr,
+                0,
+                &mut back as *mut SchedAttr,
+                size,
+                0,
+            ) == 0
+                && back.sched_runtime == slice_ns
         }
     }
 }
@@ -81,8 +99,8 @@ mod linux {
 mod tests {
     use super::*;
 
-    /// The request either takes (and the thread then reads its slice back) or is
-    /// refused cleanly; it never changes the thread's nice value.
+    /// The request either takes (and the scheduler's own report of the thread then
+    /// shows the slice) or is refused cleanly; it never changes the nice value.
     #[test]
     #[allow(unsafe_code, reason = "getpriority: see SAFETY")]
     fn a_short_slice_keeps_the_nice_value() {
