@@ -52,6 +52,16 @@ fn store_with_volume(size: u64) -> (tempfile::TempDir, Store) {
     (dir, store)
 }
 
+/// Reads volume "vol" whole from the store (the server gone) and checks it is `model`.
+fn assert_volume_holds(store: &Store, model: &[u8]) {
+    let mut stored = vec![0u8; model.len()];
+    Volume::open(store, "vol")
+        .unwrap()
+        .read_at(0, &mut stored)
+        .unwrap();
+    assert!(stored == model, "the store holds what was answered");
+}
+
 /// A volume's large writes land in two steps (`Export::writer`): each one's data goes
 /// to disk while the one before it commits. A pipelined stream of them, with rewrites
 /// of earlier ones, one holding a block of zeroes (landed in one step), one with FUA
@@ -129,12 +139,7 @@ fn a_volumes_large_writes_land_in_two_steps_in_order() {
     );
     served.stop();
 
-    let mut stored = vec![0u8; SIZE];
-    Volume::open(&store, "vol")
-        .unwrap()
-        .read_at(0, &mut stored)
-        .unwrap();
-    assert!(stored == model, "the store holds what was answered");
+    assert_volume_holds(&store, &model);
 }
 
 /// Overlapping large writes sent in bursts (landings queue behind each other and go
@@ -198,12 +203,7 @@ fn large_writes_in_bursts_and_trickles_apply_in_order() {
     let r = c.cmd(proto::CMD_READ, 0, 0, SIZE as u32, &[]).unwrap();
     assert!(r.data == model, "the writes applied out of order");
     served.stop();
-    let mut stored = vec![0u8; SIZE];
-    Volume::open(&store, "vol")
-        .unwrap()
-        .read_at(0, &mut stored)
-        .unwrap();
-    assert!(stored == model, "the store holds what was answered");
+    assert_volume_holds(&store, &model);
 }
 
 /// The disk fills while a stream of large writes lands in two steps: every write is
