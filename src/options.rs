@@ -87,6 +87,18 @@ pub struct Options {
     /// flush-heavy clients would otherwise write every data byte three times (the
     /// log's zeros ahead included).
     pub log_small_values: bool,
+    /// Keep the spare data segment files (emptied segments kept for the data stream
+    /// to write over: written blocks, which the disk takes faster and whose
+    /// `fdatasync` commits no file-system metadata) when the store is closed, for
+    /// the next process to reuse: at most the data checkpoint threshold's worth
+    /// (`checkpoint_data_bytes`, none on a disk short of space) and no more than the
+    /// store's segment bytes. An open always adopts those it finds. Off by default:
+    /// a close gives their space back. `cambium serve` turns it on, so that a server
+    /// restarted over its store (an upgrade, a new configuration) writes over old
+    /// blocks from its first flush, not over new ones until its first checkpoints
+    /// empty segments again: fio's 4 KiB random writes with a flush every 16
+    /// went from 24.8k to 31.2k IOPS in a server's first 10 s.
+    pub keep_spares_at_close: bool,
     /// The file system to use; `None` means real files in the store directory.
     pub vfs: Option<Arc<dyn Vfs>>,
 }
@@ -107,6 +119,7 @@ impl Default for Options {
             auto_clean_dead_percent: Some(50.0),
             data_zeros_ahead: false,
             log_small_values: true,
+            keep_spares_at_close: false,
             vfs: None,
         }
     }

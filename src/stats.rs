@@ -64,6 +64,9 @@ pub struct Stats {
     /// Bytes of the retired log file kept for the next generation to reuse
     /// (`wal-spare.log`; cut back to 4 MiB at each checkpoint).
     pub wal_spare_bytes: u64,
+    /// Bytes of the spare data segment files held: emptied segments kept for the
+    /// data stream to write over (`spare-*.dat`; see `Options::keep_spares_at_close`).
+    pub spare_bytes: u64,
     /// Page cache budget in bytes.
     pub cache_capacity_bytes: u64,
     /// Bytes of nodes held in the page cache.
@@ -148,6 +151,7 @@ pub(crate) fn collect(shared: &Shared) -> Result<Stats> {
     s.wal_files = wal::generations(&*shared.vfs, 0)?.len() as u64;
     s.wal_bytes = shared.wal.bytes_since_checkpoint();
     s.wal_spare_bytes = wal::spare_bytes(&*shared.vfs)?;
+    s.spare_bytes = shared.segments.spare_bytes();
     s.footprint_bytes = crate::clean::footprint(shared)?;
     {
         let b = lock(&shared.backrefs);

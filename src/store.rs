@@ -618,8 +618,15 @@ fn shutdown(shared: &Shared, reserve: &Reserve) -> Result<()> {
     }
     // What `versions()` learnt, for the next process (a hint; failure is harmless).
     let _ = subtree_memo::save(shared);
-    // Spare files serve this process's writes only; an open removes any left.
-    let _ = shared.segments.discard_spares();
+    // Spare files serve this process's writes, and the next's only if asked
+    // (`Options::keep_spares_at_close`): then at most the limit's worth and no more
+    // than the segments' bytes, so that a close at most doubles a small store's data.
+    let _ = match shared.opts.keep_spares_at_close {
+        true => shared
+            .segments
+            .trim_spares(shared.segments.spare_limit(), segment_bytes(shared)),
+        false => shared.segments.discard_spares().map(drop),
+    };
     // Space freed by this session comes back as the reserve first. Best effort: a
     // disk still full leaves it for a later close.
     let _ = reserve.restore(crate::io::reserve_for(segment_bytes(shared)));
@@ -732,7 +739,7 @@ fn background_loop(
             }
             let _ = reserve.restore(crate::io::reserve_for(segment_bytes(&shared)));
         } else if interval.is_some() && timed_out && !drops {
-            // Best effort: a spare left is removed by the close or the next open.
+            // Best effort: a spare left is removed by the close or a later one.
             let _ = shared.segments.discard_spares();
         }
     }

@@ -1118,9 +1118,10 @@ fn cleaning_crashed_at_every_operation() {
 /// is made from one (a new header, synced, then a rename): power cuts at every
 /// operation of the commit whose follow-up recycles a spare, and again after more
 /// data went into recycled segments. Every acknowledged commit reads back, a commit
-/// cut short is all there or not at all, spare files left by the cut are gone after
-/// the open, `verify` is clean, and the store takes new commits that survive the next
-/// cut. The case the test is about (a spare recycled) must occur.
+/// cut short is all there or not at all, spare files left by the cut are adopted by
+/// the open (nothing lives in them), `verify` is clean, and the store takes new
+/// commits, into the spares it adopted, that survive the next cut. The case the test
+/// is about (a spare recycled) must occur.
 #[test]
 fn recycled_data_segments_survive_power_loss() {
     const KEYS: usize = 256;
@@ -1184,6 +1185,7 @@ fn recycled_data_segments_survive_power_loss() {
         done += 173;
         let label = format!("cut {cut} after {done} commits");
         let image = probe.fork().crash(cut as u64);
+        let left = spares(&image);
         let reopened = Store::open_with(common::SIM_PATH, opts(&image))
             .unwrap_or_else(|e| panic!("{label}: reopen: {e}"));
         assert_eq!(
@@ -1191,10 +1193,11 @@ fn recycled_data_segments_survive_power_loss() {
             expect(done),
             "{label}"
         );
-        assert_eq!(
-            spares(&image),
-            0,
-            "{label}: spare files removed at the open"
+        // Adopted for the data stream to reuse, up to the limit (two files here).
+        assert!(
+            spares(&image) >= left.min(2),
+            "{label}: {left} spare files left, {} after the open",
+            spares(&image)
         );
         verify_clean(&reopened, &label).unwrap();
     }
@@ -1213,7 +1216,8 @@ fn recycled_data_segments_survive_power_loss() {
         let acknowledged = txn(&store, t_recycle).is_ok();
         let image = vfs.crash(k);
         drop(store);
-        if spares(&image) > 0 {
+        let left = spares(&image);
+        if left > 0 {
             cut_with_spare += 1;
         }
         let store = Store::open_with(common::SIM_PATH, opts(&image))
@@ -1226,13 +1230,14 @@ fn recycled_data_segments_survive_power_loss() {
             assert_eq!(got, expect(t_recycle), "{label}: a commit cut in half");
             t_recycle
         };
-        assert_eq!(
-            spares(&image),
-            0,
-            "{label}: spare files removed at the open"
+        assert!(
+            spares(&image) >= left.min(2),
+            "{label}: {left} spare files left, {} after the open",
+            spares(&image)
         );
         verify_clean(&store, &label).unwrap();
-        // More commits (the next roll, into the recycled segment), then another cut.
+        // More commits (the next roll, into a recycled segment: one the crash left,
+        // if any), then another cut.
         for t in done..done + 100 {
             txn(&store, t).unwrap_or_else(|e| panic!("{label}: commit {t} after recovery: {e}"));
         }
@@ -1248,6 +1253,108 @@ fn recycled_data_segments_survive_power_loss() {
         verify_clean(&store, &label).unwrap();
     }
     assert!(cut_with_spare > 0, "no cut found a spare file on disk");
+}
+
+/// With `Options::keep_spares_at_close` (as `cambium serve` sets it) a clean close
+/// keeps the spare files, the next open adopts them, and that process's data stream
+/// makes its next segments from them: power cuts after data went into an adopted
+/// spare lose no acknowledged commit, and `verify` is clean. Without the option a
+/// close removes them.
+#[test]
+fn spares_kept_at_a_close_are_reused_by_the_next_process() {
+    const KEYS: usize = 16_384; // 64 MiB live: a spare kept is within the segments' bytes
+    const PER_TXN: usize = 64;
+    let opts = |vfs: &SimVfs, keep: bool| cambium::Options {
+        checkpoint_data_bytes: 16 << 20,
+        keep_spares_at_close: keep,
+        ..sim_options(vfs)
+    };
+    let key = |k: usize| format!("r{k:05}").into_bytes();
+    let value = |t: usize, k: usize| -> Vec<u8> {
+        let mut v = vec![(t % 251) as u8; 4096];
+        v[..16].copy_from_slice(&format!("{t:08}/{k:07}").into_bytes());
+        v
+    };
+    let txn = |store: &Store, t: usize| -> cambium::Result<()> {
+        let mut w = store.begin_write()?;
+        for j in 0..PER_TXN {
+            let k = (t * PER_TXN + j) % KEYS;
+            w.put(&key(k), &value(t, k))?;
+        }
+        w.commit()
+    };
+    let expect = |done: usize| -> Model {
+        let mut m = Model::new();
+        for t in done.saturating_sub(KEYS / PER_TXN)..done {
+            for j in 0..PER_TXN {
+                let k = (t * PER_TXN + j) % KEYS;
+                m.insert(key(k), value(t, k));
+            }
+        }
+        m
+    };
+    let spares = |vfs: &SimVfs| -> Vec<String> {
+        vfs.names()
+            .into_iter()
+            .filter(|n| n.starts_with("spare-"))
+            .collect()
+    };
+
+    // A process that writes until it holds spare files, and closes.
+    let vfs = SimVfs::new();
+    let store = Store::create_with(common::SIM_PATH, opts(&vfs, true)).expect("create");
+    let mut done = 0;
+    while spares(&vfs).is_empty() {
+        assert!(done < 4_000, "no emptied segment became a spare");
+        txn(&store, done).expect("commit");
+        done += 1;
+    }
+    drop(store);
+    let kept = spares(&vfs);
+    assert!(!kept.is_empty(), "a clean close kept no spare file");
+
+    // The next process adopts them and writes into them.
+    let store = Store::open_with(common::SIM_PATH, opts(&vfs, true)).expect("reopen");
+    assert_eq!(spares(&vfs), kept, "the open adopted the spare files");
+    assert_eq!(dump(&store.read().unwrap()).unwrap(), expect(done));
+    let mut reused = false;
+    for _ in 0..4_000 {
+        txn(&store, done).expect("commit");
+        done += 1;
+        if spares(&vfs).len() < kept.len() {
+            reused = true;
+            break;
+        }
+    }
+    assert!(reused, "no adopted spare became a segment");
+    // Power cuts once data went into it (forks, so the writer goes on).
+    for cut in 0..4u64 {
+        for t in done..done + 97 {
+            txn(&store, t).expect("commit");
+        }
+        done += 97;
+        let label = format!("cut {cut} after {done} commits");
+        let image = vfs.fork().crash(cut);
+        let reopened = Store::open_with(common::SIM_PATH, opts(&image, true))
+            .unwrap_or_else(|e| panic!("{label}: reopen: {e}"));
+        assert_eq!(
+            dump(&reopened.read().unwrap()).unwrap(),
+            expect(done),
+            "{label}"
+        );
+        verify_clean(&reopened, &label).unwrap();
+    }
+    drop(store);
+
+    // A process without the option gives their space back at its close.
+    let store = Store::open_with(common::SIM_PATH, opts(&vfs, false)).expect("reopen");
+    verify_clean(&store, "after the cuts").unwrap();
+    drop(store);
+    assert_eq!(
+        spares(&vfs),
+        Vec::<String>::new(),
+        "spare files left at a close"
+    );
 }
 
 /// What the writer published as durable (`LOCK`'s record) survives a crash of the

@@ -59,7 +59,7 @@ fn stats_text(dir: &Path, s: &Stats) -> String {
          {main}\
          segments           {segments}, {segment_bytes} (live {live}, dead {dead})\n\
          wal                {wal_files}, {wal_bytes} not yet checkpointed, {wal_spare} spare\n\
-         footprint          {footprint} on disk (segments, WAL, reserve)\n\
+         footprint          {footprint} on disk (segments, WAL, reserve, {spare} of spare segments)\n\
          back references    {backref_records}, {backref_runs}, {backref_bytes} (in the segments' dead bytes)\n\
          cache              {cache_bytes} of {cache_cap}, hit rate {rate:.1}% ({hits}, {misses})\n",
         dir = dir.display(),
@@ -77,6 +77,7 @@ fn stats_text(dir: &Path, s: &Stats) -> String {
         wal_bytes = human_bytes(s.wal_bytes),
         wal_spare = human_bytes(s.wal_spare_bytes),
         footprint = human_bytes(s.footprint_bytes),
+        spare = human_bytes(s.spare_bytes),
         backref_records = plural(s.backref_records, "record", "records"),
         backref_runs = plural(s.backref_runs, "run", "runs"),
         backref_bytes = human_bytes(s.backref_bytes),

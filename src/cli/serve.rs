@@ -106,6 +106,8 @@ pub fn serve(
         // Off unless asked: see `Options::log_small_values` (a volume's flushes of
         // small writes would write each data byte three times).
         log_small_values: tuning.log_small_writes,
+        // A restarted server goes on writing over old blocks: see the option.
+        keep_spares_at_close: true,
         ..Default::default()
     };
     let Some(store) = open_beside_commands(dir, opts, &mut signals)? else {

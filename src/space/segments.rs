@@ -26,11 +26,13 @@
 //! 2.3 against 1.6 GB/s), whose `fdatasync` commits no journal transaction, and
 //! which direct writes from several threads can share (ext4 serialises direct
 //! writes that extend a file). Only a stream of whole-page appends takes a spare
-//! (a partial page over old bytes would read them first). Spares are removed at a
-//! close, by `shrink` and `clean`, when a process has written nothing for a
-//! checkpoint interval, and any found at an open (left by a crash) too, so a
-//! store's footprint holds them only while a process writes. PostgreSQL recycles
-//! its WAL segments for the same reasons.
+//! (a partial page over old bytes would read them first). Spares are removed by
+//! `shrink` and `clean`, when a process has written nothing for a checkpoint
+//! interval, and at a close, unless the process keeps them for the next one
+//! (`Options::keep_spares_at_close`, which `cambium serve` sets: at most the
+//! limit's worth, and no more bytes than the segments hold); a writable open adopts
+//! any it finds (kept, or left by a crash: nothing lives in a spare). PostgreSQL
+//! recycles its WAL segments for the same reasons, across restarts too.
 //!
 //! Opening tells three kinds of file named like a segment apart by their header:
 //! - a valid header: a segment of this store;
@@ -532,10 +534,19 @@ impl Segments {
     /// link) fails the open.
     pub(crate) fn open(vfs: Arc<dyn Vfs>, read_only: bool) -> Result<Segments> {
         let names = vfs.list()?;
+        // Spare files a close kept, or a crash left: nothing lives in them, and the
+        // data stream reuses them, oldest (lowest id) first. Fitted to the limit once
+        // it is known (`fit_thresholds`). A reader leaves them to the writer.
+        let mut spares = Vec::new();
         if !read_only {
-            // Spare files a crash left behind: nothing lives in them.
-            for name in names.iter().filter(|n| is_spare_name(n)) {
-                vfs.remove(name)?;
+            let mut names: Vec<&String> = names.iter().filter(|n| is_spare_name(n)).collect();
+            names.sort();
+            for name in names {
+                match vfs.open(name).and_then(|f| f.len()) {
+                    Ok(len) => spares.push((name.clone(), len)),
+                    // Not a file this store can write over (a dangling link, say).
+                    Err(_) => vfs.remove(name)?,
+                }
             }
         }
         let mut ids: Vec<SegmentId> = names
@@ -617,7 +628,7 @@ impl Segments {
             pins: Mutex::new(BTreeMap::new()),
             sync_helper,
             restored: RwLock::new(BTreeMap::new()),
-            spares: Mutex::new(Vec::new()),
+            spares: Mutex::new(spares),
             spare_limit: AtomicU64::new(0),
             data_since_fence: AtomicU64::new(0),
             data_checkpoint_configured: AtomicU64::new(u64::MAX),
@@ -808,7 +819,7 @@ impl Segments {
     /// Makes the oldest spare file segment `id` of `kind` (module docs, "Spare
     /// files"): its new header is written and synced while it still has its spare
     /// name, then it is renamed and the directory synced. A crash before the rename
-    /// leaves a spare (removed at the next open); after it, an empty segment whose
+    /// leaves a spare (adopted again by the next open); after it, an empty segment whose
     /// bytes past the header are dead (appends never continue a file past its end).
     /// `None` if there is no spare, or if this one fails (it is then removed, under
     /// either name, so that the caller can create segment `id` instead).
@@ -851,6 +862,11 @@ impl Segments {
         }
     }
 
+    /// The most spare files kept now (module docs, "Spare files").
+    pub(crate) fn spare_limit(&self) -> u64 {
+        self.spare_limit.load(Ordering::Relaxed)
+    }
+
     /// Keeps at most `files` spare files from now on (module docs, "Spare files").
     #[cfg(test)]
     pub(crate) fn set_spare_limit(&self, files: u64) {
@@ -869,8 +885,7 @@ impl Segments {
     /// spare files (reused before anything else).
     pub(crate) fn room(&self) -> Option<u64> {
         let free = self.vfs.free_bytes()?;
-        let spare: u64 = lock(&self.spares).iter().map(|(_, len)| len).sum();
-        Some(free.saturating_add(spare))
+        Some(free.saturating_add(self.spare_bytes()))
     }
 
     /// Whether the disk has at least half the headroom free (the reserve's size):
@@ -964,6 +979,11 @@ impl Segments {
         self.headroom
             .store(2 * crate::io::reserve_for(segment_bytes), Ordering::Relaxed);
         self.fit_thresholds(self.room());
+        // Spares an open adopted may be more than the limit allows now (a disk that
+        // filled since, a smaller threshold). Best effort: one left over is reused
+        // or removed later.
+        let limit = self.spare_limit.load(Ordering::Relaxed);
+        let _ = self.trim_spares(limit, u64::MAX);
     }
 
     /// [`Segments::fit_to_free_space`] but the headroom, for `room` bytes left (also
@@ -1011,9 +1031,43 @@ impl Segments {
         Ok(spares.iter().map(|(_, len)| len).sum())
     }
 
+    /// Removes spare files, newest first, until at most `files` of them holding at
+    /// most `bytes` are left (a close that keeps them for the next process:
+    /// `Options::keep_spares_at_close`), durably if any went.
+    pub(crate) fn trim_spares(&self, files: u64, bytes: u64) -> Result<()> {
+        let gone = {
+            let mut spares = lock(&self.spares);
+            let mut kept = 0u64;
+            let keep = spares
+                .iter()
+                .take_while(|(_, len)| {
+                    kept = kept.saturating_add(*len);
+                    kept <= bytes
+                })
+                .count()
+                .min(usize::try_from(files).unwrap_or(usize::MAX));
+            spares.split_off(keep)
+        };
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let removed: std::io::Result<()> = gone
+            .iter()
+            .map(|(name, _)| self.vfs.remove(name))
+            .fold(Ok(()), Result::and);
+        removed?;
+        self.vfs.sync_dir()?;
+        Ok(())
+    }
+
     /// The number of spare files held now.
     pub(crate) fn spare_count(&self) -> usize {
         lock(&self.spares).len()
+    }
+
+    /// The bytes of the spare files held now.
+    pub(crate) fn spare_bytes(&self) -> u64 {
+        lock(&self.spares).iter().map(|(_, len)| len).sum()
     }
 
     /// Bytes appended to data segments since the last [`Segments::fence`].

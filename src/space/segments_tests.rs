@@ -698,8 +698,9 @@ fn a_fence_taken_during_rolls_holds_every_segment_appends_reach() {
 /// blocks start on a page, its header and name are durable before the first append
 /// (a power cut that drops everything unsynced finds the segment, whole), `sizes`
 /// does not list it while it is only prepared, and the spare's old bytes are
-/// cut off when the stream rolls past it. Spares left at an open are removed, and
-/// `discard_spares` removes them all.
+/// cut off when the stream rolls past it. A writable open adopts the spares it finds
+/// (a read-only one leaves them alone), `trim_spares` keeps as many files and bytes
+/// as it is told, and `discard_spares` removes them all.
 #[test]
 fn emptied_segments_become_spares_and_the_data_stream_reuses_them() {
     let sim = SimVfs::new();
@@ -773,9 +774,26 @@ fn emptied_segments_become_spares_and_the_data_stream_reuses_them() {
         reopened.contains(prepared),
         "renamed and durable before any append"
     );
+    assert_eq!(
+        lock(&reopened.spares).clone(),
+        [(spare_name(full[1]), spare_len)],
+        "the spare left adopted at the open"
+    );
+    let reader = Segments::open(Arc::new(cut.clone()), true).unwrap();
+    assert_eq!(reader.spare_count(), 0, "a reader adopts none");
+    drop(reader);
+    reopened.trim_spares(1, spare_len).unwrap();
+    assert_eq!(
+        reopened.spare_bytes(),
+        spare_len,
+        "within both bounds: kept"
+    );
+    reopened.trim_spares(1, spare_len - 1).unwrap();
+    assert_eq!(reopened.spare_count(), 0, "past the bytes: removed");
     assert!(
         cut.names().iter().all(|n| !is_spare_name(n)),
-        "spares removed at an open"
+        "removed: {:?}",
+        cut.names()
     );
     drop(reopened);
 
