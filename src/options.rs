@@ -40,8 +40,8 @@ pub struct Options {
     /// appended since the last one. Default 1 GiB. Space comes back only at
     /// checkpoints: a volume overwritten at 2 GB/s would otherwise take 60 GB more
     /// disk in a 30 s interval, holding the blocks it overwrote. The segments a
-    /// checkpoint empties (one checkpoint later) are kept as spare files, up to this
-    /// many bytes of them, and the data written next goes into them: the disk writes
+    /// checkpoint empties (one checkpoint later) are kept as spare files, up to twice
+    /// this many bytes of them, and the data written next goes into them: the disk writes
     /// over its own written blocks faster than into new ones (docs/design.md).
     pub checkpoint_data_bytes: u64,
     /// A write transaction whose own dirty nodes pass this many bytes writes them out

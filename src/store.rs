@@ -619,12 +619,14 @@ fn shutdown(shared: &Shared, reserve: &Reserve) -> Result<()> {
     // What `versions()` learnt, for the next process (a hint; failure is harmless).
     let _ = subtree_memo::save(shared);
     // Spare files serve this process's writes, and the next's only if asked
-    // (`Options::keep_spares_at_close`): then at most the limit's worth and no more
-    // than the segments' bytes, so that a close at most doubles a small store's data.
+    // (`Options::keep_spares_at_close`): then at most half the limit (the data
+    // checkpoint threshold's worth: the other half absorbs a running writer's
+    // checkpoints) and no more than the segments' bytes, so that a close at most
+    // doubles a small store's data.
     let _ = match shared.opts.keep_spares_at_close {
         true => shared
             .segments
-            .trim_spares(shared.segments.spare_limit(), segment_bytes(shared)),
+            .trim_spares(shared.segments.spare_limit() / 2, segment_bytes(shared)),
         false => shared.segments.discard_spares().map(drop),
     };
     // Space freed by this session comes back as the reserve first. Best effort: a
