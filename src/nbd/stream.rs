@@ -16,6 +16,20 @@
 //! so an idle connection costs no CPU after its first long wait. At most one thread
 //! per CPU but one polls at a time (none on a single CPU), so polling never takes
 //! every core from the clients and the engine's own threads.
+//!
+//! # Polling for a large payload
+//! A large write's payload comes in pieces: a Unix socket holds about 200 KiB the
+//! client has sent and we have not read, so a 1 MiB payload is ~30 reads, each
+//! waiting for the client to refill the socket (which waits for us to empty it).
+//! Sleeping in each of those waits costs two wake-ups of halted vCPUs per piece.
+//! While the connection receives a landing ([`Stream::poll_payloads`]), a read
+//! that finds nothing polls for up to [`PAYLOAD_POLL`] first (with a polling slot,
+//! as above): the rest of a payload already on its way comes within it. Measured
+//! with fio's 1 MiB writes at QD8 after random ones, four alternated pairs: 2,156–
+//! 2,596 MB/s (median ~2,390) against 1,841–2,098 (~1,940). Polling every read in
+//! the middle of a request, 4 KiB ones too, cost QD32 and the flush job ~5% of their
+//! IOPS (their payloads come with their headers; the polling only took CPU and the
+//! slot): so only a landing's reads poll.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -28,6 +42,11 @@ use std::time::{Duration, Instant};
 /// The first window of a connection that starts polling.
 const POLL_START: Duration = Duration::from_micros(4);
 
+/// How long a read of a large payload polls before it sleeps (module docs,
+/// "Polling for a large payload"): a few times what the client takes to put the next
+/// piece in the socket.
+const PAYLOAD_POLL: Duration = Duration::from_micros(30);
+
 /// A connected socket of either family.
 #[derive(Debug)]
 pub(super) struct Stream {
@@ -39,6 +58,8 @@ pub(super) struct Stream {
     poll_window: Duration,
     /// Set by [`Stream::poll_next_read`]: the next read may poll before sleeping.
     poll_armed: bool,
+    /// Set by [`Stream::poll_payloads`]: every read polls briefly before sleeping.
+    payload_polling: bool,
     /// [`Stream::set_stall_timeout`]'s: the socket's read timeout, outside the wait
     /// for a new request.
     stall_timeout: Option<Duration>,
@@ -58,6 +79,7 @@ impl From<UnixStream> for Stream {
             poll_max: Duration::ZERO,
             poll_window: Duration::ZERO,
             poll_armed: false,
+            payload_polling: false,
             stall_timeout: None,
         }
     }
@@ -71,6 +93,7 @@ impl From<TcpStream> for Stream {
             poll_max: Duration::ZERO,
             poll_window: Duration::ZERO,
             poll_armed: false,
+            payload_polling: false,
             stall_timeout: None,
         }
     }
@@ -89,6 +112,7 @@ impl Stream {
             poll_max: Duration::ZERO,
             poll_window: Duration::ZERO,
             poll_armed: false,
+            payload_polling: false,
             stall_timeout: None,
         })
     }
@@ -113,6 +137,34 @@ impl Stream {
     /// sleeps, and its wait adapts the window.
     pub(super) fn poll_next_read(&mut self) {
         self.poll_armed = !self.poll_max.is_zero();
+    }
+
+    /// While `on`, every read that finds nothing polls for up to [`PAYLOAD_POLL`]
+    /// before it sleeps (module docs, "Polling for a large payload"): for the reads
+    /// of a large write's payload, whose rest is on its way.
+    pub(super) fn poll_payloads(&mut self, on: bool) {
+        self.payload_polling = on;
+    }
+
+    /// Reads what is there within [`PAYLOAD_POLL`], if a polling slot is free;
+    /// `WouldBlock` if nothing came (or no slot).
+    fn read_payload_polling(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let Some(_slot) = PollSlot::take() else {
+            return Err(io::ErrorKind::WouldBlock.into());
+        };
+        let start = Instant::now();
+        loop {
+            match self.read_socket_now(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if start.elapsed() >= PAYLOAD_POLL {
+                        return Err(e);
+                    }
+                    std::thread::yield_now();
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                done => return done,
+            }
+        }
     }
 
     /// A read that never sleeps (`MSG_DONTWAIT`): `WouldBlock` if nothing is there.
@@ -227,6 +279,12 @@ impl Read for Stream {
         if std::mem::take(&mut self.poll_armed) {
             return self.read_polling(buf);
         }
+        if self.payload_polling {
+            match self.read_payload_polling(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                done => return done,
+            }
+        }
         match self.read_socket(buf) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock && self.stall_timeout.is_some() => {
                 Err(io::Error::new(
@@ -316,6 +374,52 @@ mod tests {
     /// Reads through the polling path return what the peer sent, in order, whether
     /// it was there already, came while polling or came after the poll gave up; an
     /// idle peer turns polling off; and the socket is blocking again afterwards.
+    #[test]
+    fn a_payload_read_polling_sees_every_byte_and_still_sleeps_and_times_out() {
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        let mut s = Stream::from(ours);
+        s.poll_payloads(true);
+        // 1 MiB in 64 KiB pieces, some late (past the polling: the read sleeps) and
+        // some at once (found while polling, or by the sleeping read).
+        let sent: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + i / 4093) as u8).collect();
+        let to_send = sent.clone();
+        let sender = std::thread::spawn(move || {
+            for (k, piece) in to_send.chunks(64 << 10).enumerate() {
+                if k % 4 == 3 {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                theirs.write_all(piece).unwrap();
+            }
+            theirs
+        });
+        let mut got = vec![0u8; sent.len()];
+        s.read_exact(&mut got).unwrap();
+        assert!(got == sent, "the payload read back differs");
+        let mut theirs = sender.join().unwrap();
+
+        // Still a blocking socket with its stall timeout: nothing to read times out
+        // after the polling, never fails at once.
+        s.set_stall_timeout(Some(Duration::from_millis(30)))
+            .unwrap();
+        let mut buf = [0u8; 8];
+        let t = Instant::now();
+        let err = s.read(&mut buf).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert!(
+            t.elapsed() >= Duration::from_millis(25),
+            "the socket is blocking"
+        );
+
+        // Off again, and EOF reads as 0 either way.
+        s.poll_payloads(false);
+        theirs.write_all(b"plain...").unwrap();
+        s.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"plain...");
+        drop(theirs);
+        s.poll_payloads(true);
+        assert_eq!(s.read(&mut buf).unwrap(), 0);
+    }
+
     #[test]
     fn polling_reads_see_every_byte_and_an_idle_peer_stops_the_polling() {
         let (ours, mut theirs) = UnixStream::pair().unwrap();

@@ -669,11 +669,18 @@ impl Conn {
             self.settle()?;
             return self.reply(req, Err(out_of_memory()));
         };
-        match payload.extend(len) {
-            Some(bytes) => r.read_exact(bytes)?,
+        // Its rest, and the joining writes', are on their way (`Stream::poll_payloads`).
+        r.get_mut().poll_payloads(true);
+        let read = match payload.extend(len) {
+            Some(bytes) => r.read_exact(bytes),
             None => unreachable!("taken with room for {len} bytes"),
+        };
+        if let Err(e) = read {
+            r.get_mut().poll_payloads(false);
+            return Err(e);
         }
         if let Err(e) = self.check(req, Errno::NoSpc, true) {
+            r.get_mut().poll_payloads(false);
             drop(payload);
             self.settle()?;
             return self.reply(req, Err(e));
@@ -683,6 +690,7 @@ impl Conn {
         // land (never answered, but a shutdown that closes our reading side expects
         // what it had sent to be applied), then the error ends the connection.
         let joined = self.join(r, &mut reqs, &mut payload);
+        r.get_mut().poll_payloads(false);
         let lander = match &mut self.lander {
             Some(lander) => lander,
             none => {
