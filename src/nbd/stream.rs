@@ -25,11 +25,11 @@
 //! While the connection receives a landing ([`Stream::poll_payloads`]), a read
 //! that finds nothing polls for up to [`PAYLOAD_POLL`] first (with a polling slot,
 //! as above): the rest of a payload already on its way comes within it. Measured
-//! with fio's 1 MiB writes at QD8 after random ones, four alternated pairs: 2,156–
-//! 2,596 MB/s (median ~2,390) against 1,841–2,098 (~1,940). Polling every read in
-//! the middle of a request, 4 KiB ones too, cost QD32 and the flush job ~5% of their
-//! IOPS (their payloads come with their headers; the polling only took CPU and the
-//! slot): so only a landing's reads poll.
+//! with fio's 1 MiB writes at QD8 after random ones, alternated: 2,178–2,474 MB/s
+//! (median 2,393, six runs) against 1,841–2,464 (median ~2,055, ten runs). Polling
+//! every read in the middle of a request, 4 KiB ones too, cost QD32 and the flush
+//! job ~5% of their IOPS in two pairs (their payloads come with their headers; the
+//! polling only took CPU and the slot): so only a landing's reads poll.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
