@@ -627,7 +627,7 @@ fn shutdown(shared: &Shared, reserve: &Reserve) -> Result<()> {
         true => shared
             .segments
             .trim_spares(shared.segments.spare_limit() / 2, segment_bytes(shared)),
-        false => shared.segments.discard_spares().map(drop),
+        false => shared.segments.discard_spares(),
     };
     // Space freed by this session comes back as the reserve first. Best effort: a
     // disk still full leaves it for a later close.

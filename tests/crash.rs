@@ -1114,6 +1114,57 @@ fn cleaning_crashed_at_every_operation() {
     );
 }
 
+/// Commits that overwrite `keys` keys in turn with 4 KiB values, [`Rewrites::PER_TXN`]
+/// a commit (256 KiB, written past the page cache), so that data segments empty as
+/// they go: the spare-file tests' load.
+struct Rewrites {
+    keys: usize,
+}
+
+impl Rewrites {
+    const PER_TXN: usize = 64;
+
+    fn key(k: usize) -> Vec<u8> {
+        format!("r{k:05}").into_bytes()
+    }
+
+    fn value(t: usize, k: usize) -> Vec<u8> {
+        let mut v = vec![(t % 251) as u8; 4096];
+        v[..16].copy_from_slice(&format!("{t:08}/{k:07}").into_bytes());
+        v
+    }
+
+    /// Commit number `t`.
+    fn txn(&self, store: &Store, t: usize) -> cambium::Result<()> {
+        let mut w = store.begin_write()?;
+        for j in 0..Self::PER_TXN {
+            let k = (t * Self::PER_TXN + j) % self.keys;
+            w.put(&Self::key(k), &Self::value(t, k))?;
+        }
+        w.commit()
+    }
+
+    /// The store after `done` commits: each key's value from the last commit writing it.
+    fn expect(&self, done: usize) -> Model {
+        let mut m = Model::new();
+        for t in done.saturating_sub(self.keys / Self::PER_TXN)..done {
+            for j in 0..Self::PER_TXN {
+                let k = (t * Self::PER_TXN + j) % self.keys;
+                m.insert(Self::key(k), Self::value(t, k));
+            }
+        }
+        m
+    }
+}
+
+/// The spare files on `vfs`, by name.
+fn spare_files(vfs: &SimVfs) -> Vec<String> {
+    vfs.names()
+        .into_iter()
+        .filter(|n| n.starts_with("spare-"))
+        .collect()
+}
+
 /// Emptied data segments are kept as spare files and the data stream's next segment
 /// is made from one (a new header, synced, then a rename): power cuts at every
 /// operation of the commit whose follow-up recycles a spare, and again after more
@@ -1124,43 +1175,14 @@ fn cleaning_crashed_at_every_operation() {
 /// is about (a spare recycled) must occur.
 #[test]
 fn recycled_data_segments_survive_power_loss() {
-    const KEYS: usize = 256;
-    const PER_TXN: usize = 64; // 64 4 KiB values: 256 KiB, written past the page cache
+    let load = Rewrites { keys: 256 };
     let opts = |vfs: &SimVfs| cambium::Options {
         checkpoint_data_bytes: 16 << 20,
         ..sim_options(vfs)
     };
-    let key = |k: usize| format!("r{k:04}").into_bytes();
-    let value = |t: usize, k: usize| -> Vec<u8> {
-        let mut v = vec![(t % 251) as u8; 4096];
-        v[..16].copy_from_slice(&format!("{t:08}/{k:07}").into_bytes());
-        v
-    };
-    let txn = |store: &Store, t: usize| -> cambium::Result<()> {
-        let mut w = store.begin_write()?;
-        for j in 0..PER_TXN {
-            let k = (t * PER_TXN + j) % KEYS;
-            w.put(&key(k), &value(t, k))?;
-        }
-        w.commit()
-    };
-    // The model after `done` commits: each key's value from the last commit writing it.
-    let expect = |done: usize| -> Model {
-        let mut m = Model::new();
-        for t in done.saturating_sub(KEYS / PER_TXN)..done {
-            for j in 0..PER_TXN {
-                let k = (t * PER_TXN + j) % KEYS;
-                m.insert(key(k), value(t, k));
-            }
-        }
-        m
-    };
-    let spares = |vfs: &SimVfs| {
-        vfs.names()
-            .iter()
-            .filter(|n| n.starts_with("spare-"))
-            .count()
-    };
+    let txn = |store: &Store, t: usize| load.txn(store, t);
+    let expect = |done: usize| load.expect(done);
+    let spares = |vfs: &SimVfs| spare_files(vfs).len();
 
     // The probe: the first commit after which a spare became a segment.
     let probe = SimVfs::new();
@@ -1262,43 +1284,16 @@ fn recycled_data_segments_survive_power_loss() {
 /// close removes them.
 #[test]
 fn spares_kept_at_a_close_are_reused_by_the_next_process() {
-    const KEYS: usize = 16_384; // 64 MiB live: a spare kept is within the segments' bytes
-    const PER_TXN: usize = 64;
+    // 64 MiB live: a spare kept is within the segments' bytes.
+    let load = Rewrites { keys: 16_384 };
     let opts = |vfs: &SimVfs, keep: bool| cambium::Options {
         checkpoint_data_bytes: 16 << 20,
         keep_spares_at_close: keep,
         ..sim_options(vfs)
     };
-    let key = |k: usize| format!("r{k:05}").into_bytes();
-    let value = |t: usize, k: usize| -> Vec<u8> {
-        let mut v = vec![(t % 251) as u8; 4096];
-        v[..16].copy_from_slice(&format!("{t:08}/{k:07}").into_bytes());
-        v
-    };
-    let txn = |store: &Store, t: usize| -> cambium::Result<()> {
-        let mut w = store.begin_write()?;
-        for j in 0..PER_TXN {
-            let k = (t * PER_TXN + j) % KEYS;
-            w.put(&key(k), &value(t, k))?;
-        }
-        w.commit()
-    };
-    let expect = |done: usize| -> Model {
-        let mut m = Model::new();
-        for t in done.saturating_sub(KEYS / PER_TXN)..done {
-            for j in 0..PER_TXN {
-                let k = (t * PER_TXN + j) % KEYS;
-                m.insert(key(k), value(t, k));
-            }
-        }
-        m
-    };
-    let spares = |vfs: &SimVfs| -> Vec<String> {
-        vfs.names()
-            .into_iter()
-            .filter(|n| n.starts_with("spare-"))
-            .collect()
-    };
+    let txn = |store: &Store, t: usize| load.txn(store, t);
+    let expect = |done: usize| load.expect(done);
+    let spares = spare_files;
 
     // A process that writes until it holds spare files, and closes.
     let vfs = SimVfs::new();

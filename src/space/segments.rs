@@ -1024,25 +1024,16 @@ impl Segments {
 
     /// Removes every spare file, durably (a close, a shrink: the store's footprint is
     /// then its segments), and returns the bytes they held. Tries them all; the first
-    /// error, if any (a spare left is removed by the next open).
+    /// error, if any (a spare left is removed by a later close, or reused).
     pub(crate) fn discard_spares(&self) -> Result<u64> {
-        let spares = std::mem::take(&mut *lock(&self.spares));
-        if spares.is_empty() {
-            return Ok(0);
-        }
-        let removed: std::io::Result<()> = spares
-            .iter()
-            .map(|(name, _)| self.vfs.remove(name))
-            .fold(Ok(()), Result::and);
-        removed?;
-        self.vfs.sync_dir()?;
-        Ok(spares.iter().map(|(_, len)| len).sum())
+        self.trim_spares(0, 0)
     }
 
     /// Removes spare files, newest first, until at most `files` of them holding at
     /// most `bytes` are left (a close that keeps them for the next process:
-    /// `Options::keep_spares_at_close`), durably if any went.
-    pub(crate) fn trim_spares(&self, files: u64, bytes: u64) -> Result<()> {
+    /// `Options::keep_spares_at_close`), durably if any went; returns the bytes
+    /// removed. Tries them all; the first error, if any.
+    pub(crate) fn trim_spares(&self, files: u64, bytes: u64) -> Result<u64> {
         let gone = {
             let mut spares = lock(&self.spares);
             let mut kept = 0u64;
@@ -1057,7 +1048,7 @@ impl Segments {
             spares.split_off(keep)
         };
         if gone.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         let removed: std::io::Result<()> = gone
             .iter()
@@ -1065,7 +1056,7 @@ impl Segments {
             .fold(Ok(()), Result::and);
         removed?;
         self.vfs.sync_dir()?;
-        Ok(())
+        Ok(gone.iter().map(|(_, len)| len).sum())
     }
 
     /// The number of spare files held now.
