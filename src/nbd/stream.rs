@@ -146,17 +146,17 @@ impl Stream {
         self.payload_polling = on;
     }
 
-    /// Reads what is there within [`PAYLOAD_POLL`], if a polling slot is free;
-    /// `WouldBlock` if nothing came (or no slot).
-    fn read_payload_polling(&self, buf: &mut [u8]) -> io::Result<usize> {
+    /// Polls the socket, yielding the CPU between tries, until something comes or
+    /// `window` has passed since `start`, if a polling slot is free: `WouldBlock` if
+    /// nothing came (or no slot).
+    fn poll_socket(&self, buf: &mut [u8], start: Instant, window: Duration) -> io::Result<usize> {
         let Some(_slot) = PollSlot::take() else {
             return Err(io::ErrorKind::WouldBlock.into());
         };
-        let start = Instant::now();
         loop {
             match self.read_socket_now(buf) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if start.elapsed() >= PAYLOAD_POLL {
+                    if start.elapsed() >= window {
                         return Err(e);
                     }
                     std::thread::yield_now();
@@ -198,19 +198,9 @@ impl Stream {
     fn read_polling(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let start = Instant::now();
         if !self.poll_window.is_zero() {
-            if let Some(_slot) = PollSlot::take() {
-                loop {
-                    match self.read_socket_now(buf) {
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            if start.elapsed() >= self.poll_window {
-                                break;
-                            }
-                            std::thread::yield_now();
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        done => return done,
-                    }
-                }
+            match self.poll_socket(buf, start, self.poll_window) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                done => return done,
             }
         }
         // The stall timeout is not for this wait: a read that times out (which the
@@ -280,7 +270,7 @@ impl Read for Stream {
             return self.read_polling(buf);
         }
         if self.payload_polling {
-            match self.read_payload_polling(buf) {
+            match self.poll_socket(buf, Instant::now(), PAYLOAD_POLL) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 done => return done,
             }
@@ -371,9 +361,9 @@ mod tests {
         );
     }
 
-    /// Reads through the polling path return what the peer sent, in order, whether
-    /// it was there already, came while polling or came after the poll gave up; an
-    /// idle peer turns polling off; and the socket is blocking again afterwards.
+    /// A landing's payload reads poll, then sleep: every byte comes back in order
+    /// whether it came while polling or after; the socket still blocks and times out
+    /// (a stalled client), and EOF reads as 0.
     #[test]
     fn a_payload_read_polling_sees_every_byte_and_still_sleeps_and_times_out() {
         let (ours, mut theirs) = UnixStream::pair().unwrap();
@@ -420,6 +410,9 @@ mod tests {
         assert_eq!(s.read(&mut buf).unwrap(), 0);
     }
 
+    /// Reads through the polling path return what the peer sent, in order, whether
+    /// it was there already, came while polling or came after the poll gave up; an
+    /// idle peer turns polling off; and the socket is blocking again afterwards.
     #[test]
     fn polling_reads_see_every_byte_and_an_idle_peer_stops_the_polling() {
         let (ours, mut theirs) = UnixStream::pair().unwrap();

@@ -606,6 +606,18 @@ impl FlushThread {
     }
 }
 
+/// Runs `receive` with `r`'s reads polling before they sleep: a landing's payloads,
+/// whose rest is on its way (`Stream::poll_payloads`).
+fn polling_payloads<T>(
+    r: &mut BufReader<Stream>,
+    receive: impl FnOnce(&mut BufReader<Stream>) -> T,
+) -> T {
+    r.get_mut().poll_payloads(true);
+    let received = receive(r);
+    r.get_mut().poll_payloads(false);
+    received
+}
+
 impl Conn {
     fn run(&mut self, r: &mut BufReader<Stream>) -> io::Result<()> {
         loop {
@@ -669,18 +681,11 @@ impl Conn {
             self.settle()?;
             return self.reply(req, Err(out_of_memory()));
         };
-        // Its rest, and the joining writes', are on their way (`Stream::poll_payloads`).
-        r.get_mut().poll_payloads(true);
-        let read = match payload.extend(len) {
-            Some(bytes) => r.read_exact(bytes),
+        match payload.extend(len) {
+            Some(bytes) => polling_payloads(r, |r| r.read_exact(bytes))?,
             None => unreachable!("taken with room for {len} bytes"),
-        };
-        if let Err(e) = read {
-            r.get_mut().poll_payloads(false);
-            return Err(e);
         }
         if let Err(e) = self.check(req, Errno::NoSpc, true) {
-            r.get_mut().poll_payloads(false);
             drop(payload);
             self.settle()?;
             return self.reply(req, Err(e));
@@ -689,8 +694,7 @@ impl Conn {
         // A client gone while a write was joining: the writes before it, whole, still
         // land (never answered, but a shutdown that closes our reading side expects
         // what it had sent to be applied), then the error ends the connection.
-        let joined = self.join(r, &mut reqs, &mut payload);
-        r.get_mut().poll_payloads(false);
+        let joined = polling_payloads(r, |r| self.join(r, &mut reqs, &mut payload));
         let lander = match &mut self.lander {
             Some(lander) => lander,
             none => {

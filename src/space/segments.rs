@@ -20,19 +20,20 @@
 //! **Spare files.** An emptied segment whose file is at least half a segment long is
 //! not removed but renamed `spare-<id>.dat` (at most twice the data checkpoint
 //! threshold's worth of them, two at least, none on a disk short of space; past
-//! that, removed), and the data stream's next segment is made from the oldest spare: new header, synced, renamed, directory synced. Its appends
-//! then overwrite blocks the file system has allocated and written, which this
-//! machine's disk takes 1.5 times faster than new ones (fio, 2 MiB direct writes:
-//! 2.3 against 1.6 GB/s), whose `fdatasync` commits no journal transaction, and
-//! which direct writes from several threads can share (ext4 serialises direct
-//! writes that extend a file). Only a stream of whole-page appends takes a spare
-//! (a partial page over old bytes would read them first). Spares are removed by
-//! `shrink` and `clean`, when a process has written nothing for a checkpoint
-//! interval, and at a close, unless the process keeps them for the next one
-//! (`Options::keep_spares_at_close`, which `cambium serve` sets: at most half the
-//! limit, a threshold's worth, and no more bytes than the segments hold); a writable open adopts
-//! any it finds (kept, or left by a crash: nothing lives in a spare). PostgreSQL
-//! recycles its WAL segments for the same reasons, across restarts too.
+//! that, removed), and the data stream's next segment is made from the oldest
+//! spare: new header, synced, renamed, directory synced. Its appends then overwrite
+//! blocks the file system has allocated and written, which this machine's disk
+//! takes 1.5 times faster than new ones (fio, 2 MiB direct writes: 2.3 against 1.6
+//! GB/s), whose `fdatasync` commits no journal transaction, and which direct writes
+//! from several threads can share (ext4 serialises direct writes that extend a
+//! file). Only a stream of whole-page appends takes a spare (a partial page over old
+//! bytes would read them first). Spares are removed by `shrink` and `clean`, when a
+//! process has written nothing for a checkpoint interval, and at a close, unless the
+//! process keeps them for the next one (`Options::keep_spares_at_close`, which
+//! `cambium serve` sets: at most half the limit, a threshold's worth, and no more
+//! bytes than the segments hold); a writable open adopts any it finds (kept, or left
+//! by a crash: nothing lives in a spare). PostgreSQL recycles its WAL segments for
+//! the same reasons, across restarts too.
 //!
 //! Opening tells three kinds of file named like a segment apart by their header:
 //! - a valid header: a segment of this store;
